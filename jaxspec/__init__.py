@@ -1,0 +1,26 @@
+"""jaxspec: JAX-native speculative decoding.
+
+    import jaxspec
+    model = jaxspec.load("smollm2-135m")
+    out = jaxspec.generate(model, "Hello", drafter=jaxspec.NGramDrafter(gamma=4))
+    print(out.text, out.metrics.tau)
+"""
+
+from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
+from jaxspec.config import ModelConfig
+from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter
+from jaxspec.metrics import Metrics
+
+__all__ = [
+    "EarlyExitDrafter",
+    "GenerationResult",
+    "Metrics",
+    "Model",
+    "ModelConfig",
+    "ModelDrafter",
+    "NGramDrafter",
+    "default_dtype",
+    "generate",
+    "load",
+]
+__version__ = "0.1.0"

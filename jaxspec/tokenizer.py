@@ -1,0 +1,410 @@
+"""Byte-level BPE tokenizer and chat template built from GGUF metadata.
+
+A GGUF file carries no ``tokenizer.json``; it stores the vocabulary (``tokenizer.ggml.tokens``),
+the merges, the token types (1 normal, 3 control, 4 user-defined, ...), the BOS/EOS ids and
+the Jinja chat template under llama.cpp's key names. :class:`Tokenizer` rebuilds a Hugging
+Face ``tokenizers`` BPE tokenizer from them, with GPT-2 byte-level pre-tokenization and
+decoding, and renders chat templates in a sandboxed Jinja environment like transformers does.
+
+Pre-tokenization follows ``tokenizer.ggml.pre`` the way llama.cpp does. In particular
+``"smollm"`` (SmolLM/SmolLM2, also StarCoder-style vocabularies) splits every digit into its own
+token before the GPT-2 regex, as the original SmolLM2 ``tokenizer.json`` does
+(``Digits(individual_digits=True)``). Note: transformers (<= 5.x) does not know the ``smollm``
+pre-tokenizer and, loading the same GGUF, keeps runs of digits together ("2024" -> one or two
+ids instead of four); everything else is identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from datetime import datetime
+from typing import Any, Iterable, Sequence
+
+__all__ = ["Tokenizer"]
+
+# llama_token_type values stored in tokenizer.ggml.token_type
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_UNKNOWN = 2
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_UNUSED = 5
+TOKEN_TYPE_BYTE = 6
+
+# tokenizer.ggml.pre values whose llama.cpp pre-tokenizer is "each digit alone, then GPT-2 regex".
+_DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
+# Plain GPT-2 regex.
+_GPT2_PRE = {"gpt2", "gpt-2", "default", "", None}
+# Same regexes as transformers' GGUF tokenizer mapping / llama.cpp.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_REGEX_PRE = {
+    "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "falcon3": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT,
+}
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character table."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+def _make_pre_tokenizer(pre: str | None):
+    from tokenizers import Regex, pre_tokenizers
+
+    if pre in _DIGIT_SPLIT_PRE:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    if pre in _REGEX_PRE:
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_REGEX_PRE[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    if pre not in _GPT2_PRE:
+        warnings.warn(
+            f"unknown GGUF pre-tokenizer {pre!r}; using the plain GPT-2 byte-level split, which may "
+            f"tokenize digits/whitespace differently from llama.cpp",
+            stacklevel=3,
+        )
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+def _raise_exception(message):
+    import jinja2
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+def _compile_template(source: str):
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class _Generation(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}`` (HF assistant masks): render the body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)
+
+
+class Tokenizer:
+    """GPT-2 style byte-level BPE tokenizer with special tokens and a Jinja chat template.
+
+    Build it with :meth:`from_gguf` (reads the file's metadata) or :meth:`from_metadata` (the
+    dict returned by ``jaxspec.gguf_loader.read_gguf``). Control tokens (GGUF token type 3,
+    e.g. ``<|im_start|>``) are registered as special tokens and user-defined tokens (type 4) as
+    added tokens, so their text in a string is encoded as a single id.
+
+    Args:
+      tokens: the vocabulary, ``tokens[i]`` is the (byte-level spelled) string of id ``i``.
+      merges: BPE merges, each ``"left right"``, highest priority first.
+      token_type: optional llama.cpp token type per id (same length as ``tokens``).
+      bos_id: beginning-of-sequence id or -1.
+      eos_ids: ids that end generation.
+      chat_template: Jinja source, or None when the model has none.
+      pre: llama.cpp pre-tokenizer name (``tokenizer.ggml.pre``), e.g. ``"smollm"``, ``"gpt2"``,
+        ``"llama-bpe"``, ``"qwen2"``.
+      add_bos: default for :meth:`encode`'s ``add_bos`` (``tokenizer.ggml.add_bos_token``).
+      name: used in error messages.
+
+    Raises:
+      ValueError: empty vocabulary, ``token_type`` length mismatch, ids out of range.
+    """
+
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        merges: Sequence[str],
+        token_type: Sequence[int] | None = None,
+        bos_id: int = -1,
+        eos_ids: Iterable[int] = (),
+        chat_template: str | None = None,
+        pre: str | None = "gpt2",
+        add_bos: bool = False,
+        name: str = "tokenizer",
+    ):
+        from tokenizers import AddedToken, decoders
+        from tokenizers import Tokenizer as _HFTokenizer
+        from tokenizers.models import BPE
+
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError(f"{name}: empty vocabulary")
+        if token_type is not None and len(token_type) != len(tokens):
+            raise ValueError(f"{name}: token_type has {len(token_type)} entries, vocabulary has {len(tokens)}")
+        self.name = name
+        self._tokens = tokens
+        self._vocab_size = len(tokens)
+        self.bos_id = int(bos_id)
+        self.eos_ids = tuple(int(i) for i in eos_ids)
+        for what, ids in (("bos_id", [self.bos_id] if self.bos_id >= 0 else []), ("eos_ids", self.eos_ids)):
+            for i in ids:
+                if not 0 <= i < self._vocab_size:
+                    raise ValueError(f"{name}: {what} {i} outside the vocabulary [0, {self._vocab_size})")
+        self.chat_template = chat_template
+        self.pre = pre
+        self.add_bos = bool(add_bos)
+
+        # Every byte-level token is spelled in GPT-2's byte alphabet; respell the rare one that is
+        # not (stored as raw UTF-8 text), like transformers does.
+        spelling = _bytes_to_unicode()
+        alphabet = set(spelling.values())
+        vocab: dict[str, int] = {}
+        for i, tok in enumerate(tokens):
+            key = tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))
+            vocab.setdefault(key, i)
+        merge_pairs = []
+        for m in merges:
+            parts = m.split(" ")
+            if len(parts) != 2:
+                raise ValueError(f"{name}: malformed BPE merge {m!r} (expected 'left right')")
+            merge_pairs.append((parts[0], parts[1]))
+        model = BPE(vocab=vocab, merges=merge_pairs, dropout=None, continuing_subword_prefix="",
+                    end_of_word_suffix="", fuse_unk=False)
+        tk = _HFTokenizer(model)
+        tk.pre_tokenizer = _make_pre_tokenizer(pre)
+        tk.decoder = decoders.ByteLevel()
+
+        special_ids: set[int] = set()
+        if token_type is not None:
+            control = [(i, t) for i, (t, ty) in enumerate(zip(tokens, token_type)) if ty == TOKEN_TYPE_CONTROL]
+            user = [(i, t) for i, (t, ty) in enumerate(zip(tokens, token_type)) if ty == TOKEN_TYPE_USER_DEFINED]
+            if control:
+                tk.add_special_tokens([AddedToken(t, normalized=False, special=True) for _, t in control])
+                special_ids.update(i for i, _ in control)
+            if user:
+                tk.add_tokens([AddedToken(t, normalized=False, special=False) for _, t in user])
+        for i in (self.bos_id, *self.eos_ids):
+            if i >= 0 and i not in special_ids:
+                tk.add_special_tokens([AddedToken(tokens[i], normalized=False, special=True)])
+                special_ids.add(i)
+        if tk.get_vocab_size(with_added_tokens=True) != self._vocab_size:
+            raise ValueError(
+                f"{name}: tokenizer has {tk.get_vocab_size(with_added_tokens=True)} ids after adding special "
+                f"tokens, vocabulary has {self._vocab_size} (duplicate or mis-spelled tokens)"
+            )
+        self.special_ids = frozenset(special_ids)
+        self.backend = tk
+        self._template = None
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any], source: str = "<metadata>", pre: str | None = None) -> "Tokenizer":
+        """Build from a GGUF key/value dict (``read_gguf(...)[2]`` or ``read_gguf_metadata``).
+
+        Args:
+          meta: GGUF metadata with ``tokenizer.ggml.*`` keys.
+          source: file name used in error messages.
+          pre: override ``tokenizer.ggml.pre``; ``pre="gpt2"`` reproduces transformers'
+            GGUF tokenizer exactly for SmolLM2 (which ignores ``"smollm"``'s digit split).
+
+        Returns:
+          Tokenizer.
+
+        Raises:
+          ValueError: the tokenizer model is not ``"gpt2"`` (byte-level BPE), or tokens / merges
+            are missing; the message names ``source``.
+        """
+        model = meta.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise ValueError(
+                f"{source}: tokenizer.ggml.model is {model!r}; jaxspec.tokenizer supports only 'gpt2' "
+                f"(byte-level BPE)"
+            )
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            if not meta.get(key):
+                raise ValueError(f"{source}: GGUF metadata has no {key!r}")
+        eos_ids = []
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+            if key in meta and int(meta[key]) not in eos_ids:
+                eos_ids.append(int(meta[key]))
+        return cls(
+            tokens=meta["tokenizer.ggml.tokens"],
+            merges=meta["tokenizer.ggml.merges"],
+            token_type=meta.get("tokenizer.ggml.token_type"),
+            bos_id=int(meta.get("tokenizer.ggml.bos_token_id", -1)),
+            eos_ids=eos_ids,
+            chat_template=meta.get("tokenizer.chat_template"),
+            pre=meta.get("tokenizer.ggml.pre", "gpt2") if pre is None else pre,
+            add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+            name=str(meta.get("general.name", source)),
+        )
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike, pre: str | None = None) -> "Tokenizer":
+        """Read a GGUF file's metadata (no tensors) and build its tokenizer.
+
+        Args:
+          path: ``.gguf`` file.
+          pre: override the file's pre-tokenizer name (see :meth:`from_metadata`).
+
+        Raises:
+          FileNotFoundError: ``path`` does not exist (message names it).
+          ValueError: not a valid GGUF, or its tokenizer is not byte-level BPE (message names it).
+        """
+        from jaxspec.gguf_loader import read_gguf_metadata
+
+        path = os.fspath(path)
+        return cls.from_metadata(read_gguf_metadata(path), source=repr(path), pre=pre)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids (V), special tokens included."""
+        return self._vocab_size
+
+    def id_to_token(self, i: int) -> str:
+        """Byte-level spelling of id ``i`` (e.g. ``'Ġthe'``). Raises IndexError when out of range."""
+        if not 0 <= int(i) < self._vocab_size:
+            raise IndexError(f"token id {i} outside the vocabulary [0, {self._vocab_size})")
+        return self._tokens[int(i)]
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a vocabulary string (byte-level spelling), or None."""
+        return self.backend.token_to_id(token)
+
+    # ------------------------------------------------------------------ encode / decode
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Text -> token ids.
+
+        Special-token text (``"<|im_start|>"``) becomes its single id.
+
+        Args:
+          text: the string to encode.
+          add_bos: prepend ``bos_id``; default ``False`` (the GGUF's ``add_bos_token`` flag is
+            kept in ``self.add_bos`` but not applied implicitly; chat templates add their own
+            markers).
+
+        Returns:
+          list of int ids in ``[0, vocab_size)``.
+
+        Raises:
+          TypeError: ``text`` is not a str.
+          ValueError: ``add_bos`` requested but the model has no BOS id.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"Tokenizer.encode: text must be str, got {type(text).__name__}")
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_bos:
+            if self.bos_id < 0:
+                raise ValueError(f"{self.name}: add_bos=True but the tokenizer has no BOS id")
+            ids = [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Token ids -> text.
+
+        Args:
+          ids: 1-D sequence of ints (list, numpy or jax array).
+          skip_special_tokens: drop control/special tokens (``<|im_end|>``...) from the text.
+
+        Returns:
+          str. Byte sequences that are not valid UTF-8 (a multi-byte character cut between ids)
+          decode to U+FFFD.
+
+        Raises:
+          ValueError: an id outside ``[0, vocab_size)`` or ``ids`` not 1-D.
+        """
+        try:
+            import numpy as np
+
+            arr = np.asarray(ids)
+        except Exception as e:  # pragma: no cover
+            raise ValueError(f"Tokenizer.decode: cannot read ids: {e}") from e
+        if arr.ndim != 1:
+            if arr.ndim == 0:
+                arr = arr.reshape(1)
+            else:
+                raise ValueError(f"Tokenizer.decode: ids must be 1-D, got shape {arr.shape}")
+        if arr.size and (arr.dtype.kind not in "iu"):
+            raise ValueError(f"Tokenizer.decode: ids must be integers, got dtype {arr.dtype}")
+        out = [int(i) for i in arr.tolist()]
+        bad = [i for i in out if not 0 <= i < self._vocab_size]
+        if bad:
+            raise ValueError(f"Tokenizer.decode: id {bad[0]} outside the vocabulary [0, {self._vocab_size})")
+        return self.backend.decode(out, skip_special_tokens=skip_special_tokens)
+
+    # ------------------------------------------------------------------ chat
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render a conversation with the model's Jinja chat template (sandboxed, like transformers).
+
+        Args:
+          messages: list of dicts with at least ``"role"`` and ``"content"`` (str).
+          add_generation_prompt: append the assistant turn header (e.g. ``<|im_start|>assistant\\n``).
+          **kwargs: extra template variables (``tools``, ``documents``, ...).
+
+        Returns:
+          The prompt string; encode it with :meth:`encode` (the template already contains any
+          BOS/marker tokens, so do not add BOS again).
+
+        Raises:
+          ValueError: the tokenizer has no chat template, or a message is malformed, or the
+            template raised (``raise_exception``) / failed to render.
+        """
+        import jinja2
+
+        if not self.chat_template:
+            raise ValueError(f"{self.name}: this tokenizer has no chat template (tokenizer.chat_template)")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("apply_chat_template: messages must be a non-empty list of dicts")
+        for k, m in enumerate(messages):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise ValueError(f"apply_chat_template: messages[{k}] must be a dict with 'role' and 'content', got {m!r}")
+        if self._template is None:
+            self._template = _compile_template(self.chat_template)
+        special = {}
+        if self.bos_id >= 0:
+            special["bos_token"] = self._tokens[self.bos_id]
+        if self.eos_ids:
+            special["eos_token"] = self._tokens[self.eos_ids[0]]
+        variables = {**special, **kwargs}
+        try:
+            return self._template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                         **variables)
+        except jinja2.exceptions.TemplateError as e:
+            raise ValueError(f"{self.name}: chat template failed: {e}") from e
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(name={self.name!r}, vocab_size={self._vocab_size}, bos_id={self.bos_id}, "
+                f"eos_ids={self.eos_ids}, pre={self.pre!r})")
