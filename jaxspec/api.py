@@ -113,7 +113,7 @@ def _prompt_ids(prompt, tokenizer, chat: bool) -> list[list[int]]:
             if not p:
                 raise ValueError(f"prompt {i} is an empty string")
             text = tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p
-            p = tokenizer.encode(text, add_bos=not chat)
+            p = tokenizer.encode(text, add_bos=False if chat else None)
         elif chat:
             raise ValueError("chat=True needs text prompts, got token ids")
         p = [int(t) for t in p]

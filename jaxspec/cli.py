@@ -1,0 +1,154 @@
+"""Command line: ``jaxspec generate [PROMPT] [options]``.
+
+Prompts run one at a time (batch 1, the setting speculative decoding is for, as in
+Spec-Bench). Progress goes to stderr, results to stdout: the text, or with ``--json`` one JSON
+object per prompt (``text``, ``tokens``, ``metrics``). ``--compare`` also runs plain decoding
+of the same engine on the same prompts and prints the speedup and whether outputs match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+DRAFTERS = ("ngram", "early-exit", "model", "none")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxspec", description="JAX-native speculative decoding")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="generate text, speculatively by default")
+    g.add_argument("prompt", nargs="?", help="prompt text (or use --prompts-file)")
+    g.add_argument("--model", default="smollm2-135m", help="model name or .gguf path (default: smollm2-135m)")
+    g.add_argument("--drafter", choices=DRAFTERS, default="ngram", help="drafting method (default: ngram)")
+    g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
+    g.add_argument("--gamma", type=int, default=4, help="draft tokens per verify step (default: 4)")
+    g.add_argument("--early-exit-layers", type=int, default=None,
+                   help="target layers the early-exit drafter keeps (default: a quarter of them)")
+    g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
+    g.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (default: 1)")
+    g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: 128)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: 0)")
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
+                   help="wrap prompts in the model's chat template (default: on)")
+    g.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
+    g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    g.add_argument("--compare", action="store_true", help="also run plain decoding and report the speedup")
+    return parser
+
+
+def _read_prompts(args) -> list[str]:
+    if args.prompts_file and args.prompt:
+        raise SystemExit("error: give a PROMPT or --prompts-file, not both")
+    if args.prompts_file:
+        prompts = []
+        try:
+            with open(args.prompts_file) as f:
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        row = json.loads(line)
+                        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                            raise SystemExit(f"error: {args.prompts_file}:{n}: expected {{\"prompt\": \"...\"}}")
+                        prompts.append(row["prompt"])
+        except OSError as e:
+            raise SystemExit(f"error: cannot read --prompts-file {args.prompts_file}: {e.strerror}")
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"error: {args.prompts_file}: invalid JSON: {e}")
+        if not prompts:
+            raise SystemExit(f"error: --prompts-file {args.prompts_file} has no prompts")
+        return prompts
+    if not args.prompt:
+        raise SystemExit("error: the prompt is empty: give a PROMPT or --prompts-file")
+    return [args.prompt]
+
+
+def _make_drafter(args, model, load):
+    import jaxspec
+
+    if args.drafter == "none":
+        return None, None
+    if args.gamma < 1:
+        raise SystemExit(f"error: --gamma must be >= 1 with a drafter, got {args.gamma}")
+    if args.drafter == "ngram":
+        return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min), None
+    if args.drafter == "early-exit":
+        k = args.early_exit_layers or max(1, model.config.n_layers // 4)
+        return jaxspec.EarlyExitDrafter(model.config, n_layers=k, gamma=args.gamma), None
+    if not args.draft_model:
+        raise SystemExit("error: --drafter model needs --draft-model NAME_OR_PATH")
+    draft = load(args.draft_model)
+    return jaxspec.ModelDrafter(draft.config, gamma=args.gamma), draft.params
+
+
+def _generate(args) -> int:
+    from rich.console import Console
+
+    import jaxspec
+
+    console = Console(stderr=True)
+    prompts = _read_prompts(args)
+    try:
+        with console.status(f"loading {args.model}"):
+            model = jaxspec.load(args.model)
+            drafter, drafter_params = _make_drafter(args, model, jaxspec.load)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
+
+    def run(prompt, d, dp, label, i):
+        msg = f"[{i + 1}/{len(prompts)}] {label}: compiling (first call per prompt-length bucket) and generating"
+        with console.status(msg):
+            return jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, max_new_tokens=args.max_new_tokens,
+                                    temperature=args.temperature, seed=args.seed, chat=args.chat)
+
+    name = args.drafter if drafter is not None else "plain"
+    speedups, same, spec_tps, taus, compile_s = [], [], [], [], 0.0
+    try:
+        for i, prompt in enumerate(prompts):
+            res = run(prompt, drafter, drafter_params, name, i)
+            compile_s += res.metrics.compile_s
+            spec_tps.append(res.metrics.tokens_per_s)
+            taus.append(res.metrics.tau)
+            record = {"prompt": prompt, "text": res.text, "tokens": res.tokens[0],
+                      "metrics": {**res.metrics.row(0), **{k: v for k, v in res.metrics.summary().items()
+                                                           if k in ("gamma", "compile_s", "run_s", "tokens_per_s")}},
+                      "drafter": name}
+            if args.compare:
+                base = run(prompt, None, None, "plain", i)
+                compile_s += base.metrics.compile_s
+                speedups.append(res.metrics.tokens_per_s / base.metrics.tokens_per_s)
+                identical = base.tokens == res.tokens
+                same.append(identical)
+                record["compare"] = {"plain_tokens_per_s": base.metrics.tokens_per_s, "speedup": speedups[-1],
+                                     "identical": identical if args.temperature == 0 else None}
+            if args.json:
+                print(json.dumps(record), flush=True)
+            else:
+                print(res.text, flush=True)
+                console.print(f"[dim]{res.metrics.new_tokens[0]} tokens, {res.metrics.tokens_per_s:.1f} tok/s, "
+                              f"tau {res.metrics.tau:.2f}[/dim]")
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+
+    line = (f"{name}: {len(prompts)} prompt(s), median {statistics.median(spec_tps):.1f} tok/s, "
+            f"median tau {statistics.median(taus):.2f}, compile {compile_s:.1f} s")
+    if args.compare:
+        line += f", median speedup {statistics.median(speedups):.2f}x vs plain"
+        line += (f", outputs identical: {sum(same)}/{len(same)}" if args.temperature == 0
+                 else ", outputs differ by design when sampling (same distribution)")
+    console.print(line)
+    return 0 if (not args.compare or args.temperature != 0 or all(same)) else 1
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``jaxspec`` command; returns the process exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "generate":
+        return _generate(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
