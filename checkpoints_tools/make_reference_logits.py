@@ -96,7 +96,7 @@ def main(argv=None) -> None:
         # from_pretrained(dir, gguf_file=name) wants the file inside a directory: symlink it.
         os.symlink(src, os.path.join(d, GGUF_NAME))
         tok = AutoTokenizer.from_pretrained(d, gguf_file=GGUF_NAME)
-        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=GGUF_NAME, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=GGUF_NAME, dtype=torch.float32)
     model.eval()
 
     prompts = [

@@ -63,8 +63,8 @@ def load(name_or_path: str, dtype=None) -> Model:
         path = name_or_path
     else:
         raise ValueError(f"unknown model {name_or_path!r}: use one of {sorted(known)} or a path to a .gguf file")
-    params, config, _ = gguf_loader.read_gguf(path, dtype=dtype or default_dtype())
-    return Model(params=params, config=config, tokenizer=Tokenizer.from_gguf(path))
+    params, config, metadata = gguf_loader.read_gguf(path, dtype=dtype or default_dtype())
+    return Model(params=params, config=config, tokenizer=Tokenizer.from_metadata(metadata, source=str(path)))
 
 
 @dataclasses.dataclass(frozen=True)
