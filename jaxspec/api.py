@@ -108,10 +108,10 @@ def _prompt_ids(prompt, tokenizer, chat: bool) -> list[list[int]]:
     rows = []
     for i, p in enumerate(prompt):
         if isinstance(p, str):
+            if not p:
+                raise ValueError(f"prompt {i} is empty (an empty string)")
             if tokenizer is None:
                 raise ValueError("prompt is text but the model has no tokenizer: pass token ids or tokenizer=")
-            if not p:
-                raise ValueError(f"prompt {i} is an empty string")
             text = tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p
             p = tokenizer.encode(text, add_bos=False if chat else None)
         elif chat:

@@ -1,0 +1,116 @@
+"""Invariant 7: bad input gets a clear error naming the argument and the limit, before any
+compile (``api._jitted`` is patched to fail if reached)."""
+
+import jax
+import pytest
+
+import jaxspec
+from jaxspec import api
+from jaxspec.models import llama
+
+CFG = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
+                          max_position=128, eos_ids=(1,))
+DRAFT_CFG = jaxspec.ModelConfig(vocab_size=80, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return llama.init_params(CFG, jax.random.key(0))
+
+
+@pytest.fixture(autouse=True)
+def no_compile(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("reached compilation: the error must come before")
+
+    monkeypatch.setattr(api, "_jitted", fail)
+
+
+@pytest.mark.parametrize(
+    "prompt, match",
+    [("", "prompt 0 is empty"), ([], "empty"), ([[]], "prompt 0 is empty"), ([[3, 4], []], "prompt 1 is empty"),
+     ([3, 64], "token id 64 outside the vocabulary \\[0, 64\\)"), ([-1], "token id -1")],
+)
+def test_bad_prompt(params, prompt, match):
+    with pytest.raises(ValueError, match=match):
+        jaxspec.generate(params, prompt, config=CFG, max_new_tokens=8)
+
+
+def test_text_prompt_without_tokenizer(params):
+    with pytest.raises(ValueError, match="no tokenizer"):
+        jaxspec.generate(params, "hello", config=CFG)
+
+
+def test_prompt_plus_new_tokens_over_context(params):
+    with pytest.raises(ValueError, match=r"prompt \(100 tokens\) \+ max_new_tokens \(29\) = 129 exceeds max_len \(128"):
+        jaxspec.generate(params, [[5] * 100], config=CFG, max_new_tokens=29)
+    with pytest.raises(ValueError, match=r"exceeds max_len \(50\)"):
+        jaxspec.generate(params, [[5] * 30], config=CFG, max_new_tokens=21, max_len=50)
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_max_new_tokens_below_one(params, value):
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+        jaxspec.generate(params, [3], config=CFG, max_new_tokens=value)
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), [1.0, -1.0]])
+def test_bad_temperature(params, value):
+    with pytest.raises(ValueError, match="temperature must be finite and >= 0"):
+        jaxspec.generate(params, [[3], [4]], config=CFG, temperature=value, max_new_tokens=8)
+
+
+def test_missing_config(params):
+    with pytest.raises(ValueError, match="config is required"):
+        jaxspec.generate(params, [3])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: jaxspec.NGramDrafter(gamma=0), lambda: jaxspec.ModelDrafter(DRAFT_CFG, gamma=0),
+     lambda: jaxspec.EarlyExitDrafter(CFG, n_layers=1, gamma=-1)],
+)
+def test_gamma_below_one(make):
+    with pytest.raises(ValueError, match="gamma must be an integer >= 1"):
+        make()
+
+
+def test_early_exit_layers_out_of_range():
+    with pytest.raises(ValueError, match=r"n_layers for early exit must be in \[1, 1\]"):
+        jaxspec.EarlyExitDrafter(CFG, n_layers=2)
+
+
+def test_ngram_sizes():
+    with pytest.raises(ValueError, match="min_n <= max_n"):
+        jaxspec.NGramDrafter(gamma=2, max_n=1, min_n=2)
+
+
+def test_draft_vocabulary_mismatch(params):
+    draft = llama.init_params(DRAFT_CFG, jax.random.key(1))
+    with pytest.raises(ValueError, match=r"vocabulary \(80 tokens.*differs from the target's \(64 tokens"):
+        jaxspec.generate(params, [3], config=CFG, drafter=jaxspec.ModelDrafter(DRAFT_CFG), drafter_params=draft,
+                         max_new_tokens=8)
+
+
+def test_draft_model_without_params(params):
+    same_vocab = jaxspec.ModelConfig(**{**DRAFT_CFG.__dict__, "vocab_size": 64})
+    with pytest.raises(ValueError, match="needs drafter_params"):
+        jaxspec.generate(params, [3], config=CFG, drafter=jaxspec.ModelDrafter(same_vocab), max_new_tokens=8)
+
+
+def test_unknown_model():
+    with pytest.raises(ValueError, match="unknown model 'llama-9000'.*smollm2-135m"):
+        jaxspec.load("llama-9000")
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.gguf"
+    with pytest.raises(FileNotFoundError, match="nope.gguf"):
+        jaxspec.load(str(path))
+
+
+def test_unreadable_file(tmp_path):
+    path = tmp_path / "garbage.gguf"
+    path.write_bytes(b"this is not a gguf file" * 10)
+    with pytest.raises(ValueError, match="garbage.gguf"):
+        jaxspec.load(str(path))
