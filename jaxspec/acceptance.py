@@ -33,7 +33,9 @@ def accept(keys: jax.Array, p: jax.Array, q: jax.Array | None, drafts: jax.Array
         after ``last, d_1, ..., d_gamma``.
       q: float32 ``[B, gamma, V]``, drafter's processed distributions ``d_i`` was drawn from,
         or ``None`` for deterministic drafters (treated as one-hot on ``drafts``).
-      drafts: int32 ``[B, gamma]``.
+      drafts: int32 ``[B, gamma]``; ``-1`` marks "no draft" (a drafter that found nothing to
+        propose): that position is rejected and its replacement drawn from p itself, which is
+        what q = 0 gives in the residual.
 
     Returns:
       ``(n_accepted int32[B] in [0, gamma], tokens int32[B, gamma + 1])``: the first
@@ -42,14 +44,15 @@ def accept(keys: jax.Array, p: jax.Array, q: jax.Array | None, drafts: jax.Array
     """
     b, g1, v = p.shape
     gamma = g1 - 1
-    if q is None:
-        q = jax.nn.one_hot(drafts, v, dtype=p.dtype)
+    valid = drafts >= 0
+    q = jax.nn.one_hot(drafts, v, dtype=p.dtype) if q is None else jnp.where(valid[..., None], q, 0.0)
+    drafts = jnp.where(valid, drafts, 0)
     key_u = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
     key_r = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
     u = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(key_u)
     p_d = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
     q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
-    accepted = u * q_d < p_d  # u < min(1, p/q) without dividing; q_d > 0 for a sampled d
+    accepted = valid & (u * q_d < p_d)  # u < min(1, p/q) without dividing; q_d > 0 for a sampled d
     n_accepted = jnp.sum(jnp.cumprod(accepted, axis=1), axis=1).astype(jnp.int32)
 
     p_next = jnp.take_along_axis(p, n_accepted[:, None, None], axis=1)[:, 0]  # [B, V]

@@ -132,7 +132,7 @@ def _signature(tree) -> tuple:
 def _jitted(config: ModelConfig, drafter, max_len: int):
     def packed(target, drafter_params, inputs):
         s = engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter, max_len=max_len)
-        counts = jnp.stack([s.seq_lens, s.n_steps, s.n_accepted], axis=1)
+        counts = jnp.stack([s.seq_lens, s.n_steps, s.n_drafted, s.n_accepted], axis=1)
         return jnp.concatenate([s.tokens, counts, s.accepted_at], axis=1)  # one array: one transfer
 
     return jax.jit(packed)
@@ -245,15 +245,15 @@ def generate(
     out = np.asarray(jax.device_get(_COMPILED[key](params, drafter_params, inputs)))
     run_s = time.perf_counter() - t0
 
-    seq_lens, n_steps, n_acc = out[:, cache_len], out[:, cache_len + 1], out[:, cache_len + 2]
+    seq_lens, n_steps, n_drafted, n_acc = (out[:, cache_len + i] for i in range(4))
     tokens = [out[i, lens[i] : seq_lens[i]].tolist() for i in range(b)]
     metrics = Metrics(
         prompt_tokens=lens,
         new_tokens=seq_lens - lens,
         target_forwards=n_steps + 1,
-        drafted=n_steps * gamma,
+        drafted=n_drafted,
         accepted=n_acc,
-        accepted_at=out[:, cache_len + 3 :],
+        accepted_at=out[:, cache_len + 4 :],
         gamma=gamma,
         compile_s=compile_s,
         run_s=run_s,

@@ -38,6 +38,7 @@ class LoopState:
     drafter_state: Any
     step: jax.Array  # int32 scalar: loop iterations so far
     n_steps: jax.Array  # int32 [B]: target verify forwards while the row was active
+    n_drafted: jax.Array  # int32 [B]: draft tokens proposed (a drafter may abstain)
     n_accepted: jax.Array  # int32 [B]: draft tokens accepted by verification
     accepted_at: jax.Array  # int32 [B, G]: times draft position i was accepted
 
@@ -80,9 +81,22 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
         drafter_state=drafter_state,
         step=jnp.int32(0),
         n_steps=zeros,
+        n_drafted=zeros,
         n_accepted=zeros,
         accepted_at=jnp.zeros((b, gamma), jnp.int32),
     )
+
+
+def _verify(target, config, inputs: Inputs, keys, s: LoopState, last, drafts, q, width: int):
+    """Target forward over ``[last, d_1..d_width]`` and acceptance; outputs padded to gamma + 1."""
+    b, gamma = drafts.shape
+    d, q = drafts[:, :width], None if q is None else q[:, :width]
+    window = jnp.concatenate([last, jnp.where(d >= 0, d, last)], axis=1)  # [B, width + 1]
+    positions = (s.seq_lens - 1)[:, None] + jnp.arange(width + 1, dtype=jnp.int32)[None]
+    logits, _, cache = llama.forward(target, config, window, positions, s.cache)
+    p = processed_probs(logits, inputs.temperature)
+    n_acc, new = acceptance.accept(_fold(keys, 1), p, q, d)
+    return n_acc, jnp.pad(new, ((0, 0), (0, gamma - width))), cache
 
 
 def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, s: LoopState) -> LoopState:
@@ -97,12 +111,13 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
                 drafter_params, s.drafter_state, s.tokens, s.seq_lens, _fold(keys, 0), inputs.temperature
             )
     with jax.named_scope("verify"):
-        window = jnp.concatenate([last, drafts], axis=1)  # [B, gamma + 1]
-        positions = (s.seq_lens - 1)[:, None] + jnp.arange(gamma + 1, dtype=jnp.int32)[None]
-        logits, _, cache = llama.forward(target, config, window, positions, s.cache)
-        p = processed_probs(logits, inputs.temperature)
-    with jax.named_scope("accept"):
-        n_acc, new = acceptance.accept(_fold(keys, 1), p, q, drafts)
+        verify = lambda n: _verify(target, config, inputs, keys, s, last, drafts, q, n)  # noqa: E731
+        if getattr(drafter, "abstains", False):
+            # No row has a draft: a one-token step costs less than verifying a dead window.
+            has_draft = jnp.any((drafts[:, 0] >= 0) & ~s.done)
+            n_acc, new, cache = jax.lax.cond(has_draft, lambda: verify(gamma), lambda: verify(0))
+        else:
+            n_acc, new, cache = verify(gamma)
     with jax.named_scope("commit"):
         slot = jnp.arange(gamma + 1)[None]
         n_emitted = s.seq_lens - inputs.prompt_lens
@@ -118,6 +133,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         if drafter is not None:
             drafter_state = drafter.commit(drafter_params, drafter_state, tokens, seq_lens, n_acc)
         counted = active.astype(jnp.int32)
+        n_drafted = jnp.sum(jnp.cumprod(drafts >= 0, axis=1), axis=1) * counted
     return LoopState(
         tokens=tokens,
         seq_lens=seq_lens,
@@ -126,6 +142,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         drafter_state=drafter_state,
         step=s.step + 1,
         n_steps=s.n_steps + counted,
+        n_drafted=s.n_drafted + n_drafted,
         n_accepted=s.n_accepted + n_acc * counted,
         accepted_at=s.accepted_at + (slot[:, :gamma] < n_acc[:, None]) * counted[:, None],
     )

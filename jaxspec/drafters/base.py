@@ -12,7 +12,9 @@ The engine owns the token buffer and the target; a drafter only sees the tokens 
 Drafters know nothing of the engine's loop: ``init`` builds the drafter's state after the
 prompt, ``propose`` returns ``gamma`` draft tokens per row, ``commit`` rolls the state forward
 after verification. Deterministic drafters return ``q = None`` (``jaxspec.acceptance`` then
-treats the proposal as one-hot).
+treats the proposal as one-hot). A draft of ``-1`` means "nothing to propose here"; a drafter
+with the class attribute ``abstains = True`` may return only -1s, and when no row has a draft
+the engine runs a cheaper one-token step (``jaxspec.engine``).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ the prompt plus everything generated so far. Choices, written down:
   itself, the latest occurrence is the likeliest continuation;
 - when the match's continuation runs into the present, it repeats with the match's period
   (tokens ``[j + n, seq_len)`` cycled), which drafts loops and lists well;
-- with no match the drafts repeat the last token; verification rejects what is wrong, so the
-  output is unchanged and the step still emits one token.
+- with no match it abstains (drafts are -1, see ``jaxspec.acceptance``); when no row of the
+  batch has a draft the engine runs a one-token step instead of verifying an empty window.
 
 Deterministic: ``q`` is ``None``.
 """
@@ -34,7 +34,7 @@ def lookup(row: jax.Array, n: jax.Array, gamma: int, max_n: int, min_n: int) -> 
       n: int32 scalar, number of valid tokens (>= 1).
 
     Returns:
-      int32 ``[gamma]``.
+      int32 ``[gamma]``, all -1 when nothing matched.
     """
     s = row.shape[0]
     start = jnp.int32(-1)  # first continuation slot of the chosen match
@@ -51,7 +51,7 @@ def lookup(row: jax.Array, n: jax.Array, gamma: int, max_n: int, min_n: int) -> 
     period = jnp.maximum(n - start, 1)
     offsets = jnp.arange(gamma) % period
     drafts = row[jnp.clip(start + offsets, 0, s - 1)]
-    return jnp.where(start >= 0, drafts, row[n - 1]).astype(jnp.int32)
+    return jnp.where(start >= 0, drafts, -1).astype(jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +70,7 @@ class NGramDrafter:
     gamma: int = 4
     max_n: int = 3
     min_n: int = 1
+    abstains = True  # class attribute, not a field: may return no drafts (-1)
 
     def __post_init__(self):
         check_gamma(self.gamma)
