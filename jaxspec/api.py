@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import engine
-from jaxspec.config import ModelConfig
+from jaxspec.config import ModelConfig, default_dtype
 from jaxspec.metrics import Metrics
 
 PROMPT_BUCKET = 64  # prompts are right-padded to a multiple of this many tokens
@@ -32,11 +32,6 @@ class Model:
     params: dict
     config: ModelConfig
     tokenizer: Any = None
-
-
-def default_dtype():
-    """float32 on CPU (XLA:CPU runs bfloat16 3.6x slower, DESIGN.md), bfloat16 on accelerators."""
-    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
 def load(name_or_path: str, dtype=None) -> Model:

