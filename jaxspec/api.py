@@ -23,6 +23,7 @@ from jaxspec.metrics import Metrics
 
 PROMPT_BUCKET = 64  # prompts are right-padded to a multiple of this many tokens
 CACHE_BUCKET = 256  # cache slots are rounded up to a multiple of this
+STOP_BUCKET = 8  # stop-id lists are padded to a multiple of this
 
 
 @dataclasses.dataclass
@@ -214,7 +215,11 @@ def generate(
         drafter.validate(config, drafter_params)
         drafter_params = drafter.select_params(params, drafter_params)
     gamma = 0 if drafter is None else drafter.gamma
-    stops = list(config.eos_ids if stop_ids is None else stop_ids) or [-1]
+    stops = [int(t) for t in (config.eos_ids if stop_ids is None else stop_ids)]
+    bad = [t for t in stops if not 0 <= t < config.vocab_size]
+    if bad:
+        raise ValueError(f"stop_ids has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
+    stops += [-1] * (_round_up(max(len(stops), 1), STOP_BUCKET) - len(stops))  # -1 never matches
 
     p = _round_up(int(lens.max()), PROMPT_BUCKET)
     cache_len = _round_up(p + max_new_tokens + gamma + 1, CACHE_BUCKET)

@@ -1,0 +1,133 @@
+"""Shared tiny random models for the CPU test suite.
+
+Every test here runs float32 on CPU, where the engine's greedy output must equal the
+target's own greedy output token for token (DESIGN.md, invariant 1). Compiles dominate the
+suite's time, so the models are tiny and every test of the core engine reuses the same few
+static shapes: the target config ``TARGET``, prompts of at most ``api.PROMPT_BUCKET`` tokens
+and ``max_new_tokens`` small enough that every call lands in the same 256-slot cache bucket.
+``jaxspec.api._COMPILED`` then serves one compiled program per (drafter, gamma, batch size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import engine
+from jaxspec.models import llama
+
+# Target: 2 blocks (so early exit has a strictly shorter drafter), GQA 4 query / 2 KV heads.
+TARGET = jaxspec.ModelConfig(
+    vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
+    max_position=512, name="tiny-target",
+)
+# Unrelated, smaller draft model over the same vocabulary (1 block, MQA).
+DRAFT = jaxspec.ModelConfig(
+    vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32,
+    max_position=512, name="tiny-draft",
+)
+# Three prompts of different lengths (9, 1 and 14 tokens) with repeated n-grams, so prompt
+# lookup finds matches; the 1-token prompt is the edge where a drafter's first window
+# starts at position 0.
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5], [9], [11, 12, 13, 14, 15, 11, 12, 13, 14, 15, 11, 12, 13, 14]]
+MAX_NEW = 24
+NOISE = 0.1  # std of the noise added to the target's weights, relative to each tensor's std
+
+
+def _noisy_copy(params: dict, key: jax.Array, rel: float) -> dict:
+    """``params`` plus Gaussian noise of ``rel`` times each tensor's own standard deviation
+    (RMSNorm weights are all ones, std 0: they stay exact)."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    noisy = [x + rel * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return jax.tree_util.tree_unflatten(treedef, noisy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiny:
+    """The tiny models every engine test shares."""
+
+    cfg: jaxspec.ModelConfig
+    params: dict
+    draft_cfg: jaxspec.ModelConfig
+    draft_params: dict  # unrelated random draft model (DRAFT)
+    noisy_params: dict  # the target's weights plus NOISE: a draft model that agrees often
+    prompts: list = dataclasses.field(default_factory=lambda: [list(p) for p in PROMPTS])
+    max_new: int = MAX_NEW
+
+    def drafter(self, kind: str, gamma: int):
+        """``(drafter, drafter_params)`` of one kind: ``ngram``, ``early_exit`` (first block of
+        the target), ``model_noisy`` (target + noise), ``model_small`` (unrelated DRAFT),
+        ``model_self`` (the target itself: every draft is accepted under greedy), or
+        ``plain`` (no drafter)."""
+        if kind == "plain":
+            return None, None
+        if kind == "ngram":
+            return jaxspec.NGramDrafter(gamma=gamma, max_n=3, min_n=1), None
+        if kind == "early_exit":
+            return jaxspec.EarlyExitDrafter(self.cfg, n_layers=1, gamma=gamma), None
+        if kind == "model_noisy":
+            return jaxspec.ModelDrafter(self.cfg, gamma=gamma), self.noisy_params
+        if kind == "model_self":  # same config as model_noisy: shares its compiled program
+            return jaxspec.ModelDrafter(self.cfg, gamma=gamma), self.params
+        if kind == "model_small":
+            return jaxspec.ModelDrafter(self.draft_cfg, gamma=gamma), self.draft_params
+        raise ValueError(kind)
+
+    def generate(self, prompts, kind: str = "plain", gamma: int = 0, **kw):
+        """``jaxspec.generate`` on the target with a drafter of ``kind``; ``stop_ids=()`` unless given."""
+        drafter, dparams = self.drafter(kind, gamma)
+        kw.setdefault("stop_ids", ())
+        kw.setdefault("max_new_tokens", self.max_new)
+        return jaxspec.generate(self.params, prompts, config=self.cfg, drafter=drafter, drafter_params=dparams, **kw)
+
+
+@pytest.fixture(scope="session")
+def tiny() -> Tiny:
+    # scale 1.0: peaky enough that greedy decoding of a random model falls into loops
+    # (which prompt lookup then drafts), not so peaky that every row repeats one token.
+    params = llama.init_params(TARGET, jax.random.key(0), scale=1.0)
+    return Tiny(
+        cfg=TARGET,
+        params=params,
+        draft_cfg=DRAFT,
+        draft_params=llama.init_params(DRAFT, jax.random.key(1), scale=1.0),
+        noisy_params=_noisy_copy(params, jax.random.key(2), NOISE),
+    )
+
+
+@pytest.fixture(scope="session")
+def plain_greedy(tiny) -> list[list[int]]:
+    """Greedy target-only output of PROMPTS (batch 3), the reference of invariant 1."""
+    return tiny.generate(tiny.prompts).tokens
+
+
+def make_inputs(prompts, *, max_new_tokens: int, temperature=0.0, seed: int = 0, stop_ids=(), pad_to=None):
+    """``engine.Inputs`` built the way ``jaxspec.generate`` builds them: prompts right-padded
+    with 0 (to ``pad_to`` tokens, default the longest prompt), row ``b`` keyed by
+    ``jax.random.key(seed + b)``, stop ids padded with -1 when empty."""
+    b = len(prompts)
+    lens = np.array([len(p) for p in prompts], np.int32)
+    arr = np.zeros((b, pad_to or int(lens.max())), np.int32)
+    for i, p in enumerate(prompts):
+        arr[i, : len(p)] = p
+    seeds = (np.int64(seed) + np.arange(b)) % (2**32)
+    return engine.Inputs(
+        prompt=jnp.asarray(arr),
+        prompt_lens=jnp.asarray(lens),
+        max_new_tokens=jnp.full((b,), max_new_tokens, jnp.int32),
+        temperature=jnp.asarray(np.broadcast_to(np.float32(temperature), (b,)).copy()),
+        keys=jax.vmap(jax.random.key)(jnp.asarray(seeds, dtype=jnp.uint32)),
+        stop_ids=jnp.asarray(np.array(list(stop_ids) or [-1], np.int32)),
+    )
+
+
+@pytest.fixture(scope="session")
+def inputs_factory():
+    """``make_inputs`` as a fixture (test modules do not import conftest)."""
+    return make_inputs

@@ -1,0 +1,419 @@
+"""Invariant 2: speculative sampling draws from exactly the target's distribution.
+
+A tiny target (vocabulary 8) generates 3 tokens after a fixed prompt; the exact probability
+of each of the 8^3 = 512 continuations is enumerated from ``llama.forward`` over all
+prefixes (temperature applied by ``jaxspec.sampling.processed_probs``, as the engine does).
+One batched run of the compiled engine program then draws N = 80,000 continuations
+(row b keyed by ``jax.random.key(seed + b)``, as ``jaxspec.generate`` keys its rows), and a
+chi-square goodness-of-fit test compares the counts with the exact probabilities.
+
+The test. Cells with expected count >= 5 are kept, the rest pooled into one cell (merged
+into the smallest kept cell if the pool itself expects < 5), so the chi-square
+approximation holds; df = cells - 1. A run fails when its p-value is below
+ALPHA = 1e-3 (the seeds are fixed, so each test is deterministic; 1e-3 is the chance that a
+correct engine fails with a new seed).
+
+Power. Under an alternative distribution p' the statistic is approximately noncentral
+chi-square with noncentrality lambda = N * sum (p' - p)^2 / p >= N * (2 TV)^2 (Cauchy-Schwarz),
+TV the total-variation distance between p' and p on the test's cells. So every alternative
+with TV >= sqrt(lambda* / 4N) is rejected with probability >= 95%, lambda* being the
+noncentrality that gives 95% power at level ALPHA. At N = 80,000: T = 1 keeps 497 cells
+(+1 pooled cell holding 0.05% of the mass; df 497, lambda* = 169.0), so the smallest TV
+detected with 95% power is 0.0230; T = 0.7 keeps 360 (+1 pooled, 0.38% of the mass; df 360,
+lambda* = 146.7): TV 0.0214. That holds whatever the shape of the deviation
+(``detectable_tv`` computes it by simulation; scipy's ncx2 agrees to 4 digits; each test
+asserts it is <= 0.025). For scale: the draft model's first-token distribution is at TV
+0.38 (T = 1) / 0.50 (T = 0.7) from the target's, and the wrong rules below produce samples
+at empirical TV 0.21-0.57 from the target (chi-square > 20,000 on 497 df, p < 1e-300).
+
+The harness has power where it matters: ``test_wrong_rule_is_detected`` swaps
+``jaxspec.acceptance.accept`` for four deliberately wrong rules and asserts the same test
+rejects each of them.
+
+What is observed: 3 tokens, the first drawn at prefill, the next two by verify steps. So
+the residual and acceptance at draft positions 1-2 shape the sample, and the bonus token
+only at gamma 1 (a gamma >= 2 window never keeps its bonus within 3 tokens).
+
+Cost: ``api.generate`` pads to a 64-token prompt bucket and a 256-slot cache, which made a
+large batch ~25x slower per row (measured: 10,000 rows 8 s through ``generate``, 20,000
+rows 0.6 s here), so the program is jitted here with the smallest cache (16 slots) through
+``engine.run_program``, the function ``generate`` compiles;
+``test_generate_uses_the_same_sampler`` checks that ``generate`` gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+import jaxspec.api
+from jaxspec import acceptance, engine
+from jaxspec.cache import KVCache
+from jaxspec.models import llama
+from jaxspec.sampling import processed_probs, sample
+
+V = 8
+TARGET = jaxspec.ModelConfig(
+    vocab_size=V, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32, max_position=64,
+    name="dist-target",
+)
+DRAFT = jaxspec.ModelConfig(
+    vocab_size=V, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, ffn_dim=32, max_position=64,
+    name="dist-draft",
+)
+PROMPT = [1, 2, 3, 1, 2]  # repeats "1 2": the n-gram drafter proposes "3 ..." at the first step
+N_NEW = 3
+N = 80_000
+MAX_LEN = 16  # len(PROMPT) + N_NEW + gamma + 1 <= 16 for gamma <= 7
+ALPHA = 1e-3
+POWER = 0.95
+MAX_DETECTABLE_TV = 0.025
+# Row b of a run with seed s is keyed seed s + b: runs of different tests use disjoint key
+# ranges (overlapping ranges would share the prefill draws and correlate their statistics).
+SEED_STRIDE = 1_000_000
+
+
+# ---------------------------------------------------------------------------- statistics (stdlib + numpy)
+
+
+def chi2_sf(stat: float, df: int) -> float:
+    """P(chi2_df > stat): the regularized upper incomplete gamma Q(df/2, stat/2), by its
+    series (x < a + 1) or Lentz's continued fraction (Numerical Recipes, 3rd ed., 6.2)."""
+    a, x = df / 2.0, stat / 2.0
+    if x <= 0:
+        return 1.0
+    log_front = -x + a * math.log(x) - math.lgamma(a)
+    if x < a + 1:
+        term = total = 1.0 / a
+        ap = a
+        while abs(term) > abs(total) * 1e-16:
+            ap += 1
+            term *= x / ap
+            total += term
+        return max(0.0, 1.0 - total * math.exp(log_front))
+    tiny = 1e-300
+    b, c, d = x + 1 - a, 1 / tiny, 1 / (x + 1 - a)
+    h = d
+    for i in range(1, 100_000):
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1 / d
+        h *= d * c
+        if abs(d * c - 1) < 1e-16:
+            break
+    return math.exp(log_front) * h
+
+
+def chi2_isf(alpha: float, df: int) -> float:
+    """The critical value x with P(chi2_df > x) = alpha (bisection on ``chi2_sf``)."""
+    lo, hi = 0.0, df + 50.0 * math.sqrt(2 * df) + 100
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, df) > alpha else (lo, mid)
+    return (lo + hi) / 2
+
+
+def noncentrality_for_power(df: int, alpha: float, power: float, draws: int = 200_000) -> float:
+    """Smallest noncentrality lambda with P(noncentral chi2(df, lambda) > critical) >= power,
+    by bisection over numpy's noncentral chi-square sampler (fixed seed: common random
+    numbers make the estimate monotone in lambda; its Monte Carlo error is ~0.3%)."""
+    crit = chi2_isf(alpha, df)
+
+    def power_at(lam):
+        return np.mean(np.random.default_rng(0).noncentral_chisquare(df, lam, draws) > crit)
+
+    lo, hi = 0.0, 16.0
+    while power_at(hi) < power:
+        hi *= 2
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if power_at(mid) < power else (lo, mid)
+    return hi
+
+
+def detectable_tv(n: int, df: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest TV distance that a chi-square test over ``df + 1`` cells at level ``alpha``
+    detects with probability >= ``power`` from ``n`` samples, for any deviation shape."""
+    return math.sqrt(noncentrality_for_power(df, alpha, power) / (4 * n))
+
+
+def chi_square_test(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int, float]:
+    """Pearson's goodness of fit of ``counts`` to ``probs`` with small cells pooled.
+
+    Returns ``(statistic, df, p_value)``."""
+    n = counts.sum()
+    expected = n * probs
+    keep = expected >= 5
+    obs, exp = list(counts[keep].astype(float)), list(expected[keep])
+    pool_o, pool_e = float(counts[~keep].sum()), float(expected[~keep].sum())
+    if pool_e >= 5:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    elif pool_o or pool_e:
+        i = int(np.argmin(exp))
+        obs[i] += pool_o
+        exp[i] += pool_e
+    obs, exp = np.array(obs), np.array(exp)
+    stat = float(np.sum((obs - exp) ** 2 / exp))
+    df = len(obs) - 1
+    return stat, df, chi2_sf(stat, df)
+
+
+def test_statistics_helpers_match_tables():
+    """The stdlib chi-square against textbook table values (Abramowitz & Stegun 26.2), and
+    the power computation against the classic df = 1 case: 80% power at level 0.05 needs
+    lambda = (1.960 + 0.842)^2 = 7.85."""
+    for x, df, p in [(3.841459, 1, 0.05), (18.307038, 10, 0.05), (149.449253, 100, 0.001), (6.634897, 1, 0.01)]:
+        assert chi2_sf(x, df) == pytest.approx(p, rel=1e-5)
+        assert chi2_isf(p, df) == pytest.approx(x, rel=1e-5)
+    assert chi2_sf(2.0, 2) == pytest.approx(math.exp(-1.0), rel=1e-12)  # df 2: exp(-x/2)
+    assert noncentrality_for_power(1, 0.05, 0.8) == pytest.approx(7.85, rel=0.01)
+    # a fair die: a huge sample of the right distribution passes, a 2% tilt does not
+    probs = np.full(6, 1 / 6)
+    assert chi_square_test(np.array([1000, 1010, 990, 1005, 995, 1000]), probs)[2] > 0.5
+    assert chi_square_test(np.array([1000, 1000, 1000, 1000, 880, 1120]), probs)[2] < 1e-3
+
+
+# ---------------------------------------------------------------------------- models and exact distribution
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {
+        "target": llama.init_params(TARGET, jax.random.key(10), scale=1.0),
+        "draft": llama.init_params(DRAFT, jax.random.key(11), scale=1.0),
+    }
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _full_logits(params, config, tokens):
+    """Uncached forward over whole sequences: float32 logits ``[B, T, V]``."""
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    return llama.forward(params, config, tokens, positions, KVCache.zeros(config, b, t, jnp.float32))[0]
+
+
+def _next_token_probs(params, config, temperature: float) -> np.ndarray:
+    """float64 ``[V^2, len(PROMPT) + 2, V]``: processed next-token distributions after
+    PROMPT + every 2-token prefix (row x1 * V + x2), at every position."""
+    prefixes = np.array([[a, b] for a in range(V) for b in range(V)], np.int32)
+    tokens = np.concatenate([np.tile(PROMPT, (len(prefixes), 1)), prefixes], axis=1).astype(np.int32)
+    logits = _full_logits(params, config, jnp.asarray(tokens))
+    probs = np.asarray(processed_probs(logits, jnp.full((len(tokens),), temperature, jnp.float32)), np.float64)
+    return probs / probs.sum(-1, keepdims=True)
+
+
+def _exact_probs(params, temperature: float) -> np.ndarray:
+    """float64 ``[V ** N_NEW]``: P(x1 x2 x3 | PROMPT) = p(x1) p(x2 | x1) p(x3 | x1 x2), index
+    x1 * V^2 + x2 * V + x3, from one uncached forward over PROMPT + every 2-token prefix."""
+    probs = _next_token_probs(params, TARGET, temperature)
+    last = len(PROMPT) - 1
+    p1 = probs[0, last]  # [V]
+    p2 = probs[::V, last + 1]  # [V (x1), V]
+    p3 = probs[:, last + 2].reshape(V, V, V)  # [x1, x2, V]
+    return (p1[:, None, None] * p2[:, :, None] * p3).reshape(-1)
+
+
+# ---------------------------------------------------------------------------- sampling through the engine
+
+_PROGRAMS: dict = {}
+
+
+def _program(drafter, fresh: bool = False):
+    """``engine.run_program`` jitted for TARGET and ``drafter``; ``fresh`` skips the cache
+    (a monkeypatched acceptance rule must be traced anew)."""
+    if fresh or drafter not in _PROGRAMS:
+        fn = jax.jit(functools.partial(engine.run_program, config=TARGET, drafter=drafter, max_len=MAX_LEN))
+        if fresh:
+            return fn
+        _PROGRAMS[drafter] = fn
+    return _PROGRAMS[drafter]
+
+
+def _drafter(kind: str, gamma: int, models):
+    if kind == "plain":
+        return None, None
+    if kind == "model":
+        return jaxspec.ModelDrafter(DRAFT, gamma=gamma), models["draft"]
+    if kind == "ngram":
+        return jaxspec.NGramDrafter(gamma=gamma, max_n=2, min_n=1), None
+    if kind == "early_exit":
+        d = jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=gamma)
+        return d, d.select_params(models["target"], None)
+    raise ValueError(kind)
+
+
+def _sample_counts(models, inputs_factory, kind, gamma, temperature, seed, n=N, fresh=False):
+    """Counts ``[V ** 3]`` of the continuations of ``n`` rows, and the fractions of rows that
+    accepted at least one draft and that rejected at least one."""
+    drafter, dparams = _drafter(kind, gamma, models)
+    inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, temperature=temperature, seed=seed)
+    state = jax.device_get(_program(drafter, fresh)(models["target"], dparams, inputs))
+    lp = len(PROMPT)
+    np.testing.assert_array_equal(state.seq_lens, lp + N_NEW)
+    x = state.tokens[:, lp : lp + N_NEW].astype(np.int64)
+    counts = np.bincount((x[:, 0] * V + x[:, 1]) * V + x[:, 2], minlength=V**N_NEW)
+    accepted_some = float((state.n_accepted > 0).mean())
+    rejected_some = float((state.n_accepted < state.n_steps * gamma).mean())
+    return counts, (accepted_some, rejected_some)
+
+
+def _check(counts, exact, label):
+    stat, df, p_value = chi_square_test(counts, exact)
+    tv_emp = 0.5 * np.abs(counts / counts.sum() - exact).sum()
+    tv_min = detectable_tv(int(counts.sum()), df)
+    info = f"{label}: chi2 {stat:.1f}, df {df}, p {p_value:.3g}, empirical TV {tv_emp:.4f}, detectable TV {tv_min:.4f}"
+    print(info)
+    assert tv_min <= MAX_DETECTABLE_TV, info
+    return p_value, info
+
+
+def test_exact_distribution_and_plain_sampling(models, inputs_factory):
+    """The harness's own reference: the enumerated distribution sums to 1, is far from
+    uniform and from degenerate, and plain target sampling (no drafter) passes the test."""
+    for t in (1.0, 0.7):
+        exact = _exact_probs(models["target"], t)
+        assert exact.sum() == pytest.approx(1.0, abs=1e-6)
+        tv_uniform = 0.5 * np.abs(exact - 1 / exact.size).sum()
+        print(f"T={t}: max cell {exact.max():.4f}, TV to uniform {tv_uniform:.3f}")
+        assert exact.max() < 0.2 and tv_uniform > 0.3, (exact.max(), tv_uniform)
+    counts, _ = _sample_counts(models, inputs_factory, "plain", 0, 1.0, seed=SEED_STRIDE)
+    p_value, info = _check(counts, _exact_probs(models["target"], 1.0), "plain T=1")
+    assert p_value > ALPHA, info
+
+
+CASES = [
+    ("model", 2, 1.0),
+    ("model", 2, 0.7),
+    ("model", 1, 1.0),
+    ("model", 4, 0.7),
+    ("ngram", 2, 1.0),
+    ("early_exit", 2, 1.0),
+]
+
+
+@pytest.mark.parametrize("kind,gamma,temperature", CASES)
+def test_speculative_sampling_matches_target(models, inputs_factory, kind, gamma, temperature):
+    """Speculative sampling with each drafter (draft model, n-gram lookup with q = None,
+    early exit) at temperature 1 and 0.7 and gamma 1, 2, 4 passes the chi-square test
+    against the exact target distribution; the drafts are accepted often enough (and
+    rejected often enough) that both the acceptance and the residual paths shape the
+    sample."""
+    seed = SEED_STRIDE * (CASES.index((kind, gamma, temperature)) + 2)
+    counts, (accepted_some, rejected_some) = _sample_counts(models, inputs_factory, kind, gamma, temperature, seed)
+    print(f"rows accepting a draft {accepted_some:.3f}, rows rejecting one {rejected_some:.3f}")
+    assert accepted_some > 0.1 and rejected_some > 0.02, (accepted_some, rejected_some)
+    p_value, info = _check(counts, _exact_probs(models["target"], temperature), f"{kind} gamma {gamma} T={temperature}")
+    assert p_value > ALPHA, info
+
+
+def test_draft_model_differs_from_target(models):
+    """The draft model is a real approximation, not the target: TV between its first-token
+    distribution and the target's is large (0.38 at T = 1), yet they overlap (>= 4 tokens
+    have probability > 1% under both)."""
+    last = len(PROMPT) - 1
+    p = _next_token_probs(models["target"], TARGET, 1.0)[0, last]
+    q = _next_token_probs(models["draft"], DRAFT, 1.0)[0, last]
+    tv = 0.5 * np.abs(p - q).sum()
+    assert 0.2 < tv < 0.6, tv
+    assert (np.minimum(p, q) > 0.01).sum() >= 4, "supports barely overlap"
+
+
+def test_generate_uses_the_same_sampler(models, inputs_factory):
+    """``jaxspec.generate`` (row b seeded seed + b, prompt padded to 64, 256-slot cache)
+    draws the same continuations as the program these tests sample, row for row."""
+    drafter, dparams = _drafter("model", 2, models)
+    seed, n = SEED_STRIDE * 30, 16
+    out = jaxspec.generate(models["target"], [PROMPT] * n, config=TARGET, drafter=drafter, drafter_params=dparams,
+                           max_new_tokens=N_NEW, temperature=1.0, seed=seed, stop_ids=())
+    inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, temperature=1.0, seed=seed)
+    state = jax.device_get(_program(drafter)(models["target"], dparams, inputs))
+    lp = len(PROMPT)
+    assert out.tokens == state.tokens[:, lp : lp + N_NEW].tolist()
+
+
+# ---------------------------------------------------------------------------- the harness rejects wrong rules
+
+
+def _wrong_accept(rule: str):
+    """A copy of the speculative-sampling rule with one deliberate mistake:
+
+    - ``resample_from_p``: at the first rejection draw from p instead of norm(max(0, p - q));
+    - ``always_accept``: accept every draft (the output then follows the drafter);
+    - ``double_ratio``: accept with min(1, 2 p / q) instead of min(1, p / q);
+    - ``bonus_off_by_one``: after all drafts are accepted, draw the bonus token from
+      p[gamma - 1] (the distribution the last draft was checked against) instead of p[gamma].
+    """
+
+    def wrong(keys, p, q, drafts):
+        b, g1, v = p.shape
+        gamma = g1 - 1
+        valid = drafts >= 0  # -1: the drafter abstained (as in jaxspec.acceptance)
+        q = jax.nn.one_hot(drafts, v, dtype=p.dtype) if q is None else jnp.where(valid[..., None], q, 0.0)
+        drafts = jnp.where(valid, drafts, 0)
+        key_u = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
+        key_r = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+        u = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(key_u)
+        p_d = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
+        q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
+        if rule == "always_accept":
+            accepted = valid
+        elif rule == "double_ratio":
+            accepted = valid & (u * q_d < 2 * p_d)
+        else:
+            accepted = valid & (u * q_d < p_d)
+        n_acc = jnp.sum(jnp.cumprod(accepted, axis=1), axis=1).astype(jnp.int32)
+        at = jnp.where(n_acc == gamma, gamma - 1, n_acc) if rule == "bonus_off_by_one" else n_acc
+        p_next = jnp.take_along_axis(p, at[:, None, None], axis=1)[:, 0]
+        q_pad = jnp.concatenate([q, jnp.zeros((b, 1, v), q.dtype)], axis=1)
+        q_next = jnp.take_along_axis(q_pad, n_acc[:, None, None], axis=1)[:, 0]
+        if rule == "resample_from_p":
+            residual = p_next
+        else:
+            residual = jnp.maximum(p_next - q_next, 0.0)
+            mass = residual.sum(-1, keepdims=True)
+            residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
+        nxt = sample(key_r, residual)
+        drafts_pad = jnp.concatenate([drafts, jnp.zeros((b, 1), drafts.dtype)], axis=1)
+        tokens = jnp.where(jnp.arange(g1)[None] < n_acc[:, None], drafts_pad, nxt[:, None])
+        return n_acc, tokens.astype(jnp.int32)
+
+    return wrong
+
+
+@pytest.fixture
+def clean_compile_caches():
+    """Compiled programs traced with a patched rule must not outlive the test (nor may the
+    real ones serve it): drop them before and after, keeping the real ones for later tests."""
+    saved = dict(jaxspec.api._COMPILED)
+    jaxspec.api._COMPILED.clear()
+    jaxspec.api._jitted.cache_clear()
+    yield
+    jaxspec.api._COMPILED.clear()
+    jaxspec.api._COMPILED.update(saved)
+    jaxspec.api._jitted.cache_clear()
+
+
+@pytest.mark.parametrize(
+    "rule,gamma", [("resample_from_p", 2), ("always_accept", 2), ("double_ratio", 2), ("bonus_off_by_one", 1)]
+)
+def test_wrong_rule_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches, rule, gamma):
+    """The same test (draft model, T = 1, N rows, gamma as in the passing cases) rejects a
+    speculative sampler whose acceptance rule is wrong: the engine calls
+    ``acceptance.accept`` through the module, so patching the module attribute and
+    re-tracing swaps the rule. (The bonus is only observed at gamma 1: with 3 new tokens a
+    gamma-2 window never keeps its bonus.)"""
+    monkeypatch.setattr(acceptance, "accept", _wrong_accept(rule))
+    counts, _ = _sample_counts(models, inputs_factory, "model", gamma, 1.0, seed=SEED_STRIDE * 20, fresh=True)
+    p_value, info = _check(counts, _exact_probs(models["target"], 1.0), f"wrong rule {rule}")
+    assert p_value < ALPHA, f"the harness did not detect a wrong rule: {info}"
