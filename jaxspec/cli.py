@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
-    g.add_argument("--ngram-min", type=int, default=1, help="shortest n-gram matched (default: 1)")
+    g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
     g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: 128)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: 0)")
