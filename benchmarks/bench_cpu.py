@@ -15,7 +15,7 @@ every prompt wrapped in the model's chat template (system + user turn + generati
 Methods, all on the *same* prompt token ids (jaxspec's tokenizer; transformers gets the ids):
 
   jax_plain          jaxspec.generate(drafter=None)
-  jax_ngram_g{4,6,8} jaxspec.NGramDrafter(gamma, max_n=3, min_n=2)
+  jax_ngram_g{4,6,8,10} jaxspec.NGramDrafter(gamma, max_n=3, min_n=2)
   jax_early_exit     jaxspec.EarlyExitDrafter(cfg, n_layers=8, gamma=3)
   hf_plain           model.generate(do_sample=False)
   hf_prompt_lookup   model.generate(do_sample=False, prompt_lookup_num_tokens=10)
@@ -77,7 +77,7 @@ CODE_PROMPT = os.path.join(HERE, "prompts", "code_rewrite.txt")
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "rag")
 QUICK_CATEGORIES = ("writing", "coding", "math_reasoning")
-ALL_METHODS = ("jax_plain", "jax_ngram_g4", "jax_ngram_g6", "jax_ngram_g8", "jax_early_exit",
+ALL_METHODS = ("jax_plain", "jax_ngram_g4", "jax_ngram_g6", "jax_ngram_g8", "jax_ngram_g10", "jax_early_exit",
                "hf_plain", "hf_prompt_lookup")
 BASE = "jax_plain"
 
@@ -262,6 +262,7 @@ def main(argv=None) -> int:
         "jax_ngram_g4": jaxspec.NGramDrafter(gamma=4, max_n=args.ngram_max, min_n=args.ngram_min),
         "jax_ngram_g6": jaxspec.NGramDrafter(gamma=6, max_n=args.ngram_max, min_n=args.ngram_min),
         "jax_ngram_g8": jaxspec.NGramDrafter(gamma=8, max_n=args.ngram_max, min_n=args.ngram_min),
+        "jax_ngram_g10": jaxspec.NGramDrafter(gamma=10, max_n=args.ngram_max, min_n=args.ngram_min),
         "jax_early_exit": jaxspec.EarlyExitDrafter(model.config, n_layers=args.early_exit_layers,
                                                    gamma=args.early_exit_gamma),
     }

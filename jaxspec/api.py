@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 from typing import Any, Sequence
 
@@ -49,8 +50,6 @@ def load(name_or_path: str, dtype=None) -> Model:
     """
     from jaxspec import gguf_loader
     from jaxspec.tokenizer import Tokenizer
-
-    import os
 
     known = {"smollm2-135m": gguf_loader.smollm2_gguf_path}
     if name_or_path in known:

@@ -64,7 +64,7 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
     b, p = inputs.prompt.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     cache = KVCache.zeros(config, b, max_len, target["embed"].dtype)
-    hidden, cache = llama.forward_hidden(target, config, inputs.prompt, positions, cache)
+    hidden, cache = llama.forward_hidden(target, config, inputs.prompt, positions, cache, visible_slots=p)
     last_hidden = jnp.take_along_axis(hidden, (inputs.prompt_lens - 1)[:, None, None], axis=1)[:, 0]
     probs = processed_probs(llama.logits_from_hidden(target, config, last_hidden), inputs.temperature)
     first = sample(_fold(_fold(inputs.keys, 0), 1), probs)

@@ -66,7 +66,7 @@ class ModelDrafter:
     def init(self, params, prompt, prompt_lens, max_len):
         cache = KVCache.zeros(self.config, prompt.shape[0], max_len, params["embed"].dtype)
         positions = jnp.broadcast_to(jnp.arange(prompt.shape[1], dtype=jnp.int32), prompt.shape)
-        _, cache = llama.forward_hidden(params, self.config, prompt, positions, cache)
+        _, cache = llama.forward_hidden(params, self.config, prompt, positions, cache, visible_slots=prompt.shape[1])
         return cache
 
     def propose(self, params, cache, tokens, seq_lens, keys, temperature):
@@ -94,7 +94,7 @@ class ModelDrafter:
         return cache
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class EarlyExitDrafter(ModelDrafter):
     """Self-speculation: the target's first ``n_layers`` blocks, final norm and head.
 
@@ -104,11 +104,12 @@ class EarlyExitDrafter(ModelDrafter):
       gamma: draft tokens per step (>= 1).
 
     The drafter's params are a view of the target's (no copy): ``select_params`` slices them.
+
+    Raises:
+      ValueError: ``n_layers`` or ``gamma`` out of range (at construction); a target whose
+        config is not the one this drafter was built for (at ``validate``).
     """
 
-    config: ModelConfig = None  # derived in __post_init__
-    gamma: int = 4
-    target_config: ModelConfig = None
     n_layers: int = 1
 
     def __init__(self, target_config: ModelConfig, n_layers: int, gamma: int = 4):
@@ -117,17 +118,14 @@ class EarlyExitDrafter(ModelDrafter):
                 f"n_layers for early exit must be in [1, {target_config.n_layers - 1}] "
                 f"(the target has {target_config.n_layers} layers), got {n_layers}"
             )
-        object.__setattr__(self, "target_config", target_config)
-        object.__setattr__(self, "n_layers", n_layers)
         object.__setattr__(self, "config", target_config.truncated(n_layers))
         object.__setattr__(self, "gamma", gamma)
+        object.__setattr__(self, "n_layers", n_layers)
         check_gamma(gamma)
 
     def select_params(self, target_params: Any, drafter_params: Any) -> Any:
         return {**target_params, "layers": list(target_params["layers"][: self.n_layers])}
 
     def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
-        if target_config != self.target_config:
-            raise ValueError(
-                f"EarlyExitDrafter was built for {self.target_config.name}, not the target {target_config.name}"
-            )
+        if target_config.truncated(self.n_layers) != self.config:
+            raise ValueError(f"EarlyExitDrafter was built for {self.config.name}, not the target {target_config.name}")

@@ -75,7 +75,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array) ->
     return out.reshape(b, t, n_heads * h)
 
 
-def _block(layer: dict, x, positions, k_cache, v_cache, config: ModelConfig):
+def _block(layer: dict, x, positions, k_cache, v_cache, config: ModelConfig, visible_slots: int | None):
     b, t, _ = x.shape
     hd = config.head_dim
     with jax.named_scope("attention"):
@@ -87,14 +87,18 @@ def _block(layer: dict, x, positions, k_cache, v_cache, config: ModelConfig):
         k = rope(k, positions, config.rope_theta)
         k_cache = write(k_cache, k, positions[:, 0])
         v_cache = write(v_cache, v, positions[:, 0])
-        x = x + attention(q, k_cache, v_cache, positions) @ layer["wo"]
+        k_seen, v_seen = k_cache[:, :visible_slots], v_cache[:, :visible_slots]
+        x = x + attention(q, k_seen, v_seen, positions) @ layer["wo"]
     with jax.named_scope("mlp"):
         y = rms_norm(x, layer["mlp_norm"], config.norm_eps)
         x = x + (jax.nn.silu(y @ layer["w_gate"]) * (y @ layer["w_up"])) @ layer["w_down"]
     return x, k_cache, v_cache
 
 
-def forward_hidden(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array, cache: KVCache):
+def forward_hidden(
+    params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array, cache: KVCache,
+    visible_slots: int | None = None,
+):
     """Run the decoder over new tokens, writing their keys and values into the cache.
 
     Serves prefill (T = prompt length), decode (T = 1) and verify (T = gamma + 1) alike.
@@ -106,6 +110,9 @@ def forward_hidden(params: dict, config: ModelConfig, tokens: jax.Array, positio
       positions: int32 ``[B, T]``, contiguous per row (``positions[b, t] = start[b] + t``);
         the tokens are written to cache slots ``start[b] .. start[b] + T - 1``.
       cache: ``KVCache`` with ``config.n_layers`` layers and ``S >= max(positions) + 1``.
+      visible_slots: static bound ``> max(positions)``: attention reads only cache slots below
+        it. Prefill passes the prompt length (keys past it are all masked anyway), which saves
+        scoring ``T x S`` instead of ``T x T`` pairs; None reads the whole cache.
 
     Returns:
       ``(hidden [B, T, D] after the final norm, updated cache)``.
@@ -114,7 +121,7 @@ def forward_hidden(params: dict, config: ModelConfig, tokens: jax.Array, positio
     ks, vs = [], []
     for i, layer in enumerate(params["layers"][: config.n_layers]):
         with jax.named_scope(f"layer_{i}"):
-            x, k, v = _block(layer, x, positions, cache.k[i], cache.v[i], config)
+            x, k, v = _block(layer, x, positions, cache.k[i], cache.v[i], config, visible_slots)
         ks.append(k)
         vs.append(v)
     x = rms_norm(x, params["final_norm"], config.norm_eps)
