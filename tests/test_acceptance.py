@@ -37,7 +37,7 @@ def test_greedy_accepts_up_to_first_mismatch(seed):
     target's argmax (a later match does not count), the emitted tokens are the accepted
     drafts then the target's argmax at that index; all matched: bonus = argmax of p[gamma].
     Independent of the keys."""
-    v, gamma = 10, 4
+    v = 10
     target = np.array([[3, 1, 4, 1, 5], [3, 1, 4, 1, 5], [2, 7, 1, 8, 2], [9, 9, 9, 9, 6], [0, 0, 0, 0, 0]])
     drafts = np.array([[7, 1, 4, 1], [3, 1, 0, 1], [2, 7, 1, 8], [9, 9, 9, 0], [0, 0, 0, 0]])
     n, tokens = accept(_keys(5, seed), _one_hot(target, v), _one_hot(drafts, v), jnp.asarray(drafts, jnp.int32))

@@ -16,7 +16,7 @@ gguf = pytest.importorskip("gguf")
 
 from jaxspec import gguf_loader  # noqa: E402
 from jaxspec.config import ModelConfig  # noqa: E402
-from jaxspec.gguf_loader import SMOLLM2_PIP_COMMAND, read_gguf, read_gguf_metadata, smollm2_gguf_path  # noqa: E402
+from jaxspec.gguf_loader import SMOLLM2_PIP_COMMAND, read_gguf, smollm2_gguf_path  # noqa: E402
 from jaxspec.tokenizer import Tokenizer  # noqa: E402
 
 REF_NPZ = os.path.join(os.path.dirname(__file__), "data", "smollm2_reference_logits.npz")
