@@ -89,6 +89,8 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _prompt_ids(prompt, tokenizer, chat: bool) -> list[list[int]]:
+    if isinstance(prompt, (int, np.integer, float)):
+        raise ValueError(f"prompt must be text, token ids [T] or a batch of them, got the scalar {prompt!r}")
     if isinstance(prompt, str):
         prompt = [prompt]
     elif isinstance(prompt, (np.ndarray, jax.Array)):
@@ -111,6 +113,10 @@ def _prompt_ids(prompt, tokenizer, chat: bool) -> list[list[int]]:
             p = tokenizer.encode(text, add_bos=False if chat else None)
         elif chat:
             raise ValueError("chat=True needs text prompts, got token ids")
+        if isinstance(p, (np.ndarray, jax.Array)):
+            p = np.asarray(p).tolist()
+        if not isinstance(p, Sequence) or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
+            raise ValueError(f"prompt {i} must be text or integer token ids, got {p!r:.80}")
         p = [int(t) for t in p]
         if not p:
             raise ValueError(f"prompt {i} is empty (0 tokens)")
@@ -194,7 +200,7 @@ def generate(
         bad = [t for t in r if not 0 <= t < config.vocab_size]
         if bad:
             raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
-    if not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     limit = config.max_position if max_len is None else max_len
     if int(lens.max()) + max_new_tokens > limit:
@@ -203,17 +209,26 @@ def generate(
             f"{int(lens.max()) + max_new_tokens} exceeds max_len ({limit}"
             f"{', the context of ' + config.name if max_len is None else ''})"
         )
-    temps = np.broadcast_to(np.asarray(temperature, np.float32), (b,)).copy()
+    temps = np.asarray(temperature, np.float32)
+    if temps.ndim > 1 or (temps.ndim == 1 and temps.shape[0] != b):
+        raise ValueError(f"temperature must be one value or one per prompt ({b}), got shape {list(temps.shape)}")
+    temps = np.broadcast_to(temps, (b,)).copy()
     if not np.all(np.isfinite(temps)) or np.any(temps < 0):
         raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")
-    seeds = np.asarray(seed, np.int64)
-    seeds = seeds + np.arange(b) if seeds.ndim == 0 else seeds
+    seeds = np.asarray(seed)
+    if not np.issubdtype(seeds.dtype, np.integer) or seeds.ndim > 1:
+        raise ValueError(f"seed must be an int or one int per prompt, got {seed!r}")
+    seeds = seeds.astype(np.int64) + np.arange(b) if seeds.ndim == 0 else seeds.astype(np.int64)
     if seeds.shape != (b,):
         raise ValueError(f"seed must be an int or one int per prompt ({b}), got {len(seeds)}")
+    if isinstance(drafter, type):
+        raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
     if drafter is not None:
         drafter.validate(config, drafter_params)
         drafter_params = drafter.select_params(params, drafter_params)
     gamma = 0 if drafter is None else drafter.gamma
+    if isinstance(stop_ids, (int, np.integer)):
+        stop_ids = [stop_ids]
     stops = [int(t) for t in (config.eos_ids if stop_ids is None else stop_ids)]
     bad = [t for t in stops if not 0 <= t < config.vocab_size]
     if bad:

@@ -54,9 +54,13 @@ def _read_prompts(args) -> list[str]:
                         row = json.loads(line)
                         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                             raise SystemExit(f"error: {args.prompts_file}:{n}: expected {{\"prompt\": \"...\"}}")
+                        if not row["prompt"]:
+                            raise SystemExit(f"error: {args.prompts_file}:{n}: the prompt is empty")
                         prompts.append(row["prompt"])
         except OSError as e:
             raise SystemExit(f"error: cannot read --prompts-file {args.prompts_file}: {e.strerror}")
+        except UnicodeDecodeError as e:
+            raise SystemExit(f"error: --prompts-file {args.prompts_file} is not UTF-8 text: {e}")
         except json.JSONDecodeError as e:
             raise SystemExit(f"error: {args.prompts_file}: invalid JSON: {e}")
         if not prompts:
@@ -77,7 +81,7 @@ def _make_drafter(args, model, load):
     if args.drafter == "ngram":
         return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min), None
     if args.drafter == "early-exit":
-        k = args.early_exit_layers or max(1, model.config.n_layers // 4)
+        k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers
         return jaxspec.EarlyExitDrafter(model.config, n_layers=k, gamma=args.gamma), None
     if not args.draft_model:
         raise SystemExit("error: --drafter model needs --draft-model NAME_OR_PATH")

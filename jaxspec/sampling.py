@@ -25,7 +25,9 @@ def processed_probs(logits: jax.Array, temperature: jax.Array) -> jax.Array:
     """
     logits = logits.astype(jnp.float32)
     t = temperature.reshape(temperature.shape + (1,) * (logits.ndim - 1))
-    soft = jax.nn.softmax(logits / jnp.where(t > 0, t, 1.0), axis=-1)
+    # Subtract the max before dividing: a tiny temperature would otherwise overflow to inf - inf.
+    shifted = logits - jnp.max(logits, axis=-1, keepdims=True)
+    soft = jax.nn.softmax(shifted / jnp.where(t > 0, t, 1.0), axis=-1)
     hard = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
     return jnp.where(t > 0, soft, hard)
 

@@ -176,3 +176,13 @@ def test_abstained_drafts_are_forced_rejections_replaced_from_p():
         replaced = np.concatenate([tokens[0::2, 0], tokens[1::2, 1]])
         for tok in range(v):
             assert _within_5_sigma(int((replaced == tok).sum()), b, float(p_row[tok])), (tok, (replaced == tok).mean())
+
+
+def test_tiny_temperature_is_a_valid_distribution():
+    """T = 1e-10 under jit: dividing raw logits by T overflowed to inf - inf = NaN (found by
+    review); subtracting the max first gives the greedy one-hot, exactly."""
+    from jaxspec.sampling import processed_probs
+
+    logits = jnp.array([[1.0, 3.0, 2.0], [-50.0, 40.0, 39.9]])
+    probs = jax.jit(processed_probs)(logits, jnp.array([1e-10, 1e-30], jnp.float32))
+    np.testing.assert_array_equal(np.asarray(probs), [[0, 1, 0], [0, 1, 0]])

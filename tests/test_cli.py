@@ -37,3 +37,14 @@ def test_json_compare_prompts_file(tmp_path, capsys):
 def test_errors(argv, message):
     with pytest.raises(SystemExit, match=message):
         cli.main(argv)
+
+
+def test_prompts_file_checked_before_generating(tmp_path):
+    bad = tmp_path / "p.jsonl"
+    bad.write_text('{"prompt": "Say hi."}\n\n{"prompt": ""}\n')
+    with pytest.raises(SystemExit, match=r"p.jsonl:3: the prompt is empty"):
+        cli.main(["generate", "--prompts-file", str(bad)])
+    binary = tmp_path / "b.jsonl"
+    binary.write_bytes(b"\xff\xfe bad\n")
+    with pytest.raises(SystemExit, match="is not UTF-8 text"):
+        cli.main(["generate", "--prompts-file", str(binary)])

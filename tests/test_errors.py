@@ -119,3 +119,24 @@ def test_unreadable_file(tmp_path):
 def test_stop_id_outside_vocabulary(params):
     with pytest.raises(ValueError, match=r"stop_ids has token id 64 outside the vocabulary \[0, 64\)"):
         jaxspec.generate(params, [3], config=CFG, max_new_tokens=8, stop_ids=(1, 64))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"prompt": 5}, "got the scalar 5"), ({"prompt": [1.0, 2.0]}, "integer token ids"),
+     ({"prompt": [[3], [4]], "temperature": [0.5, 0.5, 0.5]}, r"one value or one per prompt \(2\)"),
+     ({"prompt": [3], "seed": 1.5}, "seed must be an int"),
+     ({"prompt": [3], "drafter": jaxspec.NGramDrafter}, "an instance"),
+     ({"prompt": [3], "max_new_tokens": True}, "max_new_tokens must be an integer")],
+)
+def test_bad_argument_types(params, kwargs, match):
+    kwargs.setdefault("max_new_tokens", 8)
+    with pytest.raises(ValueError, match=match):
+        jaxspec.generate(params, config=CFG, **kwargs)
+
+
+def test_drafter_construction_limits():
+    with pytest.raises(ValueError, match=r"max_n <= 16"):
+        jaxspec.NGramDrafter(gamma=2, max_n=17)
+    with pytest.raises(ValueError, match="n_layers for early exit"):
+        jaxspec.EarlyExitDrafter(CFG, n_layers=1.5)

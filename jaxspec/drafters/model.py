@@ -113,7 +113,7 @@ class EarlyExitDrafter(ModelDrafter):
     n_layers: int = 1
 
     def __init__(self, target_config: ModelConfig, n_layers: int, gamma: int = 4):
-        if not 1 <= n_layers < target_config.n_layers:
+        if not isinstance(n_layers, int) or not 1 <= n_layers < target_config.n_layers:
             raise ValueError(
                 f"n_layers for early exit must be in [1, {target_config.n_layers - 1}] "
                 f"(the target has {target_config.n_layers} layers), got {n_layers}"

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import check_gamma
 
+MAX_NGRAM = 16  # the lookup unrolls over n-gram sizes: compile time grows ~quadratically
+
 
 def lookup(row: jax.Array, n: jax.Array, gamma: int, max_n: int, min_n: int) -> jax.Array:
     """Drafts for one sequence.
@@ -77,8 +79,11 @@ class NGramDrafter:
 
     def __post_init__(self):
         check_gamma(self.gamma)
-        if not 1 <= self.min_n <= self.max_n:
-            raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got min_n={self.min_n}, max_n={self.max_n}")
+        if not 1 <= self.min_n <= self.max_n <= MAX_NGRAM:
+            raise ValueError(
+                f"n-gram sizes need 1 <= min_n <= max_n <= {MAX_NGRAM} (compile time grows with max_n), "
+                f"got min_n={self.min_n}, max_n={self.max_n}"
+            )
 
     def select_params(self, target_params, drafter_params):
         return None
