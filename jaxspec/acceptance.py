@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxspec.sampling import sample
+from jaxspec.sampling import fold_rows, sample
 
 
 def accept(keys: jax.Array, p: jax.Array, q: jax.Array | None, drafts: jax.Array):
@@ -47,8 +47,7 @@ def accept(keys: jax.Array, p: jax.Array, q: jax.Array | None, drafts: jax.Array
     valid = drafts >= 0
     q = jax.nn.one_hot(drafts, v, dtype=p.dtype) if q is None else jnp.where(valid[..., None], q, 0.0)
     drafts = jnp.where(valid, drafts, 0)
-    key_u = jax.vmap(lambda k: jax.random.fold_in(k, 0))(keys)
-    key_r = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
+    key_u, key_r = fold_rows(keys, 0), fold_rows(keys, 1)
     u = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(key_u)
     p_d = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
     q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]

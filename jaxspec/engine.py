@@ -23,7 +23,7 @@ from jaxspec import acceptance, cache as cache_lib
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.models import llama
-from jaxspec.sampling import processed_probs, sample
+from jaxspec.sampling import fold_rows, processed_probs, sample
 
 
 @jax.tree_util.register_dataclass
@@ -56,10 +56,6 @@ class Inputs:
     stop_ids: jax.Array  # int32 [E], padded with -1
 
 
-def _fold(keys: jax.Array, data) -> jax.Array:
-    return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys)
-
-
 def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Inputs, max_len: int, gamma: int):
     b, p = inputs.prompt.shape
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
@@ -67,7 +63,7 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
     hidden, cache = llama.forward_hidden(target, config, inputs.prompt, positions, cache, visible_slots=p)
     last_hidden = jnp.take_along_axis(hidden, (inputs.prompt_lens - 1)[:, None, None], axis=1)[:, 0]
     probs = processed_probs(llama.logits_from_hidden(target, config, last_hidden), inputs.temperature)
-    first = sample(_fold(_fold(inputs.keys, 0), 1), probs)
+    first = sample(fold_rows(fold_rows(inputs.keys, 0), 1), probs)
 
     tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(inputs.prompt)
     tokens = cache_lib.write(tokens, first[:, None], inputs.prompt_lens)
@@ -95,12 +91,12 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, last, drafts, q,
     positions = (s.seq_lens - 1)[:, None] + jnp.arange(width + 1, dtype=jnp.int32)[None]
     logits, _, cache = llama.forward(target, config, window, positions, s.cache)
     p = processed_probs(logits, inputs.temperature)
-    n_acc, new = acceptance.accept(_fold(keys, 1), p, q, d)
+    n_acc, new = acceptance.accept(fold_rows(keys, 1), p, q, d)
     return n_acc, jnp.pad(new, ((0, 0), (0, gamma - width))), cache
 
 
 def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, s: LoopState) -> LoopState:
-    keys = _fold(inputs.keys, s.step + 1)
+    keys = fold_rows(inputs.keys, s.step + 1)
     last = jnp.take_along_axis(s.tokens, (s.seq_lens - 1)[:, None], axis=1)
     b = last.shape[0]
     with jax.named_scope("draft"):
@@ -108,7 +104,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
             drafter_state, drafts, q = None, jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, config.vocab_size))
         else:
             drafter_state, drafts, q = drafter.propose(
-                drafter_params, s.drafter_state, s.tokens, s.seq_lens, _fold(keys, 0), inputs.temperature
+                drafter_params, s.drafter_state, s.tokens, s.seq_lens, fold_rows(keys, 0), inputs.temperature
             )
     with jax.named_scope("verify"):
         verify = lambda n: _verify(target, config, inputs, keys, s, last, drafts, q, n)  # noqa: E731

@@ -32,6 +32,15 @@ def processed_probs(logits: jax.Array, temperature: jax.Array) -> jax.Array:
     return jnp.where(t > 0, soft, hard)
 
 
+def fold_rows(keys: jax.Array, data) -> jax.Array:
+    """``jax.random.fold_in(keys[b], data)`` for every row of a ``[B]`` key array.
+
+    ``data`` is an int or int32 scalar (may be traced), e.g. a step index or a purpose tag; rows
+    stay independent, so a row's draws never depend on the batch it is in.
+    """
+    return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys)
+
+
 def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
     """Draw one token per row: ``keys`` is a ``[B]`` key array, ``probs`` float32 ``[B, V]``.
 

@@ -24,11 +24,7 @@ from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import check_gamma
 from jaxspec.models import llama
-from jaxspec.sampling import processed_probs, sample
-
-
-def _fold(keys: jax.Array, i: int) -> jax.Array:
-    return jax.vmap(lambda k: jax.random.fold_in(k, i))(keys)
+from jaxspec.sampling import fold_rows, processed_probs, sample
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +71,14 @@ class ModelDrafter:
         window = jnp.take_along_axis(tokens, positions, axis=1)
         hidden, cache = llama.forward_hidden(params, cfg, window, positions, cache)
         q0 = processed_probs(llama.logits_from_hidden(params, cfg, hidden[:, -1]), temperature)
-        d0 = sample(_fold(keys, 0), q0)
+        d0 = sample(fold_rows(keys, 0), q0)
 
         def step(carry, i):
             cache, token = carry
             pos = (seq_lens - 1 + i)[:, None]
             hidden, cache = llama.forward_hidden(params, cfg, token[:, None], pos, cache)
             q = processed_probs(llama.logits_from_hidden(params, cfg, hidden[:, 0]), temperature)
-            d = sample(jax.vmap(jax.random.fold_in)(keys, jnp.broadcast_to(i, seq_lens.shape)), q)
+            d = sample(fold_rows(keys, i), q)
             return (cache, d), (d, q)
 
         (cache, _), (ds, qs) = jax.lax.scan(step, (cache, d0), jnp.arange(1, self.gamma, dtype=jnp.int32))
