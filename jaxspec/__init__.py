@@ -7,7 +7,7 @@
 """
 
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
-from jaxspec.config import ModelConfig
+from jaxspec.config import ModelConfig, SamplingConfig
 from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter
 from jaxspec.metrics import Metrics
 
@@ -19,6 +19,7 @@ __all__ = [
     "ModelConfig",
     "ModelDrafter",
     "NGramDrafter",
+    "SamplingConfig",
     "default_dtype",
     "generate",
     "load",

@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import engine
-from jaxspec.config import ModelConfig, default_dtype
+from jaxspec.config import ModelConfig, SamplingConfig, default_dtype
 from jaxspec.metrics import Metrics
+from jaxspec.sampling import SamplingParams
 
 PROMPT_BUCKET = 64  # prompts are right-padded to a multiple of this many tokens
 CACHE_BUCKET = 256  # cache slots are rounded up to a multiple of this
@@ -64,21 +65,33 @@ def load(name_or_path: str, dtype=None) -> Model:
 
 @dataclasses.dataclass(frozen=True)
 class GenerationResult:
-    """Output of ``generate``.
+    """Output of ``generate``; one entry per sample, prompt-major (prompt i, sample j at
+    ``i * n + j``).
 
     Attributes:
-      tokens: per prompt, the generated token ids (a stop token that ended a row included).
-      texts: per prompt, the decoded text (special tokens skipped), or None without tokenizer.
+      tokens: generated token ids (a stop token or the token completing a stop string is the
+        last one).
+      texts: decoded text (special tokens skipped, cut at a stop string), or None without a
+        tokenizer.
+      finish_reasons: ``"stop"`` (EOS, a stop id or a stop string) or ``"length"``.
+      stop_reasons: the stop string or stop token id that ended the sample, else None.
+      logprobs: when requested, per sample one float per token (natural log).
+      top_logprobs: when requested, per sample and token the ``(id, logprob)`` pairs of the
+        most probable tokens, most probable first.
       metrics: ``Metrics`` of the call.
     """
 
     tokens: list[list[int]]
     texts: list[str] | None
     metrics: Metrics
+    finish_reasons: list[str] = dataclasses.field(default_factory=list)
+    stop_reasons: list = dataclasses.field(default_factory=list)
+    logprobs: list[list[float]] | None = None
+    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
 
     @property
     def text(self) -> str:
-        """The text of a single-prompt call."""
+        """The text of a single-sample call."""
         if self.texts is None or len(self.texts) != 1:
             raise ValueError("text is defined for a single prompt with a tokenizer; use texts")
         return self.texts[0]
@@ -130,13 +143,32 @@ def _signature(tree) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(config: ModelConfig, drafter, max_len: int):
+def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None):
     def packed(target, drafter_params, inputs):
-        s = engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter, max_len=max_len)
+        s = engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter, max_len=max_len,
+                               logprobs=logprobs)
         counts = jnp.stack([s.seq_lens, s.n_steps, s.n_drafted, s.n_accepted], axis=1)
-        return jnp.concatenate([s.tokens, counts, s.accepted_at], axis=1)  # one array: one transfer
+        parts = [s.tokens, counts, s.accepted_at]
+        if logprobs is not None:
+            b = s.tokens.shape[0]
+            as_int = lambda x: jax.lax.bitcast_convert_type(x, jnp.int32).reshape(b, -1)  # noqa: E731
+            parts += [as_int(s.logprobs.chosen), s.logprobs.top_ids.reshape(b, -1), as_int(s.logprobs.top)]
+        return jnp.concatenate(parts, axis=1)  # one array: one transfer
 
     return jax.jit(packed)
+
+
+@functools.lru_cache(maxsize=8)
+def _token_table(tokenizer, vocab_size: int):
+    """Device token byte table (``jaxspec.stopping``), built once per tokenizer."""
+    from jaxspec import stopping
+
+    if tokenizer is None:
+        table, lens = np.zeros((vocab_size, stopping.TOKEN_BYTES_BUCKET), np.uint8), np.zeros(vocab_size, np.int32)
+    else:
+        table, lens = stopping.token_byte_table(tokenizer.token_bytes())
+        table = table.clip(0).astype(np.uint8)  # bytes past a token's length are never read
+    return jnp.asarray(table), jnp.asarray(lens)
 
 
 _COMPILED: dict = {}
@@ -146,45 +178,54 @@ def generate(
     model,
     prompt,
     *,
+    sampling: SamplingConfig | None = None,
     config: ModelConfig | None = None,
     tokenizer=None,
     drafter=None,
     drafter_params=None,
-    max_new_tokens: int = 128,
-    temperature: float | Sequence[float] = 0.0,
-    seed: int | Sequence[int] = 0,
-    stop_ids: Sequence[int] | None = None,
     chat: bool = False,
     max_len: int | None = None,
+    **settings,
 ) -> GenerationResult:
     """Generate continuations of one or several prompts, speculatively when given a drafter.
 
     Greedy output (temperature 0) is token for token the target's own greedy output; sampled
-    output follows the target's distribution exactly (speculative sampling, Leviathan et al.
-    2023, Alg. 1; Chen et al. 2023, Alg. 2; see ``jaxspec.acceptance``).
+    output follows the target's processed distribution exactly (speculative sampling,
+    Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2; see ``jaxspec.acceptance``),
+    under every sampling setting: penalties, top-k/top-p/min-p, ``min_new_tokens``, stop ids
+    and stop strings are applied inside the verify window exactly as plain decoding applies
+    them (``jaxspec.sampling``, ``jaxspec.stopping``).
 
     Args:
       model: a ``Model`` (from ``load``) or a params pytree (then pass ``config``).
       prompt: a string, a list of strings, token ids ``[T]``, or a batch ``[[ids], ...]`` of
         different lengths.
+      sampling: a ``SamplingConfig``; default greedy, 128 new tokens, stop at EOS.
       config, tokenizer: needed only when ``model`` is a bare params pytree.
       drafter: ``None`` for plain decoding, or a drafter from ``jaxspec.drafters``.
       drafter_params: the draft model's params (or ``Model``) for ``ModelDrafter``.
-      max_new_tokens: most new tokens per prompt (>= 1), stop token included.
-      temperature: >= 0, one value or one per prompt; 0 is greedy.
-      seed: an int (row b uses ``seed + b``) or one int per prompt.
-      stop_ids: token ids that end a row; default the model's EOS ids; ``()`` for none.
       chat: wrap each text prompt in the tokenizer's chat template as a user turn.
       max_len: longest sequence (prompt + new tokens) allowed; default the model's context.
+      **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
+        ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\n\n"], n=4, logprobs=5``.
 
     Returns:
-      ``GenerationResult`` (tokens, texts, metrics).
+      ``GenerationResult`` (tokens, texts, finish and stop reasons, logprobs, metrics).
 
     Raises:
-      ValueError: empty prompt, token id outside the vocabulary, ``max_new_tokens`` < 1,
-        prompt + ``max_new_tokens`` over ``max_len``, negative temperature, drafter that does
-        not fit the target (e.g. vocabulary mismatch). All before anything is compiled.
+      ValueError: empty prompt, token id outside the vocabulary, a sampling setting out of
+        range (named, with its range), prompt + ``max_new_tokens`` over ``max_len``, stop
+        strings without a tokenizer, drafter that does not fit the target (e.g. vocabulary
+        mismatch). All before anything is compiled.
+      TypeError: an unknown setting.
     """
+    from jaxspec import stopping
+
+    unknown = set(settings) - {f.name for f in dataclasses.fields(SamplingConfig)}
+    if unknown:
+        known = ", ".join(f.name for f in dataclasses.fields(SamplingConfig))
+        raise TypeError(f"generate() got unknown settings {sorted(unknown)}; sampling settings are: {known}")
+    sc = dataclasses.replace(sampling or SamplingConfig(), **settings)
     if isinstance(model, Model):
         params, config, tokenizer = model.params, model.config, tokenizer or model.tokenizer
     else:
@@ -193,63 +234,61 @@ def generate(
             raise ValueError("config is required when model is a params pytree")
     if isinstance(drafter_params, Model):
         drafter_params = drafter_params.params
-    rows = _prompt_ids(prompt, tokenizer, chat)
-    b = len(rows)
-    lens = np.array([len(r) for r in rows], np.int32)
-    for i, r in enumerate(rows):
+    prompts = _prompt_ids(prompt, tokenizer, chat)
+    for i, r in enumerate(prompts):
         bad = [t for t in r if not 0 <= t < config.vocab_size]
         if bad:
             raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
-    if not isinstance(max_new_tokens, (int, np.integer)) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    n_prompts = len(prompts)
+    per_row = lambda name: np.repeat(sc.per_prompt(name, n_prompts), sc.n)  # noqa: E731
+    rows = [r for r in prompts for _ in range(sc.n)]
+    b = len(rows)
+    lens = np.array([len(r) for r in rows], np.int32)
+    max_new = per_row("max_new_tokens").astype(np.int32)
     limit = config.max_position if max_len is None else max_len
-    if int(lens.max()) + max_new_tokens > limit:
+    longest = int((lens + max_new).max())
+    if longest > limit:
+        i = int(np.argmax(lens + max_new))
         raise ValueError(
-            f"prompt ({int(lens.max())} tokens) + max_new_tokens ({max_new_tokens}) = "
-            f"{int(lens.max()) + max_new_tokens} exceeds max_len ({limit}"
-            f"{', the context of ' + config.name if max_len is None else ''})"
+            f"prompt ({int(lens[i])} tokens) + max_new_tokens ({int(max_new[i])}) = {longest} exceeds max_len "
+            f"({limit}{', the context of ' + config.name if max_len is None else ''})"
         )
-    temps = np.asarray(temperature, np.float32)
-    if temps.ndim > 1 or (temps.ndim == 1 and temps.shape[0] != b):
-        raise ValueError(f"temperature must be one value or one per prompt ({b}), got shape {list(temps.shape)}")
-    temps = np.broadcast_to(temps, (b,)).copy()
-    if not np.all(np.isfinite(temps)) or np.any(temps < 0):
-        raise ValueError(f"temperature must be finite and >= 0, got {temperature!r}")
-    seeds = np.asarray(seed)
-    if not np.issubdtype(seeds.dtype, np.integer) or seeds.ndim > 1:
-        raise ValueError(f"seed must be an int or one int per prompt, got {seed!r}")
-    seeds = seeds.astype(np.int64) + np.arange(b) if seeds.ndim == 0 else seeds.astype(np.int64)
-    if seeds.shape != (b,):
-        raise ValueError(f"seed must be an int or one int per prompt ({b}), got {len(seeds)}")
+    if np.ndim(sc.seed) == 0:
+        seeds = np.int64(sc.seed) + np.arange(b)
+    else:
+        seeds = per_row("seed").astype(np.int64) + np.tile(np.arange(sc.n), n_prompts)
     if isinstance(drafter, type):
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
     if drafter is not None:
         drafter.validate(config, drafter_params)
         drafter_params = drafter.select_params(params, drafter_params)
     gamma = 0 if drafter is None else drafter.gamma
-    if isinstance(stop_ids, (int, np.integer)):
-        stop_ids = [stop_ids]
-    stops = [int(t) for t in (config.eos_ids if stop_ids is None else stop_ids)]
-    bad = [t for t in stops if not 0 <= t < config.vocab_size]
+    stops = list(dict.fromkeys(([] if sc.ignore_eos else list(config.eos_ids)) + list(sc.stop_token_ids)))
+    bad = [t for t in sc.stop_token_ids if not 0 <= t < config.vocab_size]
     if bad:
-        raise ValueError(f"stop_ids has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
+        raise ValueError(f"stop_token_ids has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
+    if sc.stop and tokenizer is None:
+        raise ValueError("stop strings need a tokenizer (the model has none): pass tokenizer= or use stop_token_ids")
     stops += [-1] * (_round_up(max(len(stops), 1), STOP_BUCKET) - len(stops))  # -1 never matches
 
     p = _round_up(int(lens.max()), PROMPT_BUCKET)
-    cache_len = _round_up(p + max_new_tokens + gamma + 1, CACHE_BUCKET)
+    cache_len = _round_up(p + int(max_new.max()) + gamma + 1, CACHE_BUCKET)
     prompt_arr = np.zeros((b, p), np.int32)
     for i, r in enumerate(rows):
         prompt_arr[i, : len(r)] = r
+    numeric = {name: per_row(name) for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                                 "frequency_penalty", "presence_penalty", "min_new_tokens")}
     inputs = engine.Inputs(
         prompt=jnp.asarray(prompt_arr),
         prompt_lens=jnp.asarray(lens),
-        max_new_tokens=jnp.full((b,), max_new_tokens, jnp.int32),
-        temperature=jnp.asarray(temps),
+        max_new_tokens=jnp.asarray(max_new),
+        sampling=SamplingParams.make(b, stop_ids=stops, **numeric),
         keys=jax.vmap(jax.random.key)(jnp.asarray(seeds % (2**32), dtype=jnp.uint32)),
-        stop_ids=jnp.asarray(np.array(stops, np.int32)),
+        stops=stopping.make_tables(list(sc.stop), _token_table(tokenizer if sc.stop else None, config.vocab_size)),
     )
-    fn = _jitted(config, drafter, cache_len)
-    key = (config, drafter, cache_len, _signature((params, drafter_params, inputs)))
+    lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
+    fn = _jitted(config, drafter, cache_len, lp_spec)
+    key = (config, drafter, cache_len, lp_spec, _signature((params, drafter_params, inputs)))
     compile_s = 0.0
     if key not in _COMPILED:
         t0 = time.perf_counter()
@@ -258,8 +297,15 @@ def generate(
     t0 = time.perf_counter()
     out = np.asarray(jax.device_get(_COMPILED[key](params, drafter_params, inputs)))
     run_s = time.perf_counter() - t0
+    return _unpack(out, sc, rows, lens, cache_len, gamma, tokenizer, stops, compile_s, run_s)
 
-    seq_lens, n_steps, n_drafted, n_acc = (out[:, cache_len + i] for i in range(4))
+
+def _unpack(out, sc: SamplingConfig, rows, lens, cache_len, gamma, tokenizer, stops, compile_s, run_s):
+    """``GenerationResult`` from the program's one packed output array (see ``_jitted``)."""
+    from jaxspec import stopping
+
+    b, s = len(rows), cache_len
+    seq_lens, n_steps, n_drafted, n_acc = (out[:, s + i] for i in range(4))
     tokens = [out[i, lens[i] : seq_lens[i]].tolist() for i in range(b)]
     metrics = Metrics(
         prompt_tokens=lens,
@@ -267,10 +313,37 @@ def generate(
         target_forwards=n_steps + 1,
         drafted=n_drafted,
         accepted=n_acc,
-        accepted_at=out[:, cache_len + 4 :],
+        accepted_at=out[:, s + 4 : s + 4 + gamma],
         gamma=gamma,
         compile_s=compile_s,
         run_s=run_s,
     )
-    texts = None if tokenizer is None else [tokenizer.decode(t) for t in tokens]
-    return GenerationResult(tokens=tokens, texts=texts, metrics=metrics)
+    texts, reasons, stop_reasons = None if tokenizer is None else [], [], []
+    min_new = np.repeat(sc.per_prompt("min_new_tokens", b // sc.n), sc.n)
+    for i, t in enumerate(tokens):
+        reason = t[-1] if t and t[-1] in stops else None
+        if tokenizer is not None:
+            text = tokenizer.decode(t)
+            if sc.stop:
+                before = len(tokenizer.decode(t[: min_new[i] - 1])) if min_new[i] > 1 else 0
+                text, matched = stopping.cut_text(text, list(sc.stop), before, sc.include_stop_str_in_output)
+                reason = matched if matched is not None else reason
+            texts.append(text)
+        reasons.append("stop" if reason is not None else "length")
+        stop_reasons.append(reason)
+    logprobs = top_logprobs = None
+    if sc.logprobs is not None:
+        n = sc.logprobs
+        base = s + 4 + gamma
+        as_float = lambda x: x.astype(np.int32).view(np.float32)  # noqa: E731
+        chosen = as_float(out[:, base : base + s])
+        top_ids = out[:, base + s : base + s + s * n].reshape(b, s, n)
+        top = as_float(out[:, base + s + s * n :]).reshape(b, s, n)
+        span = [slice(lens[i], seq_lens[i]) for i in range(b)]
+        logprobs = [chosen[i, span[i]].tolist() for i in range(b)]
+        top_logprobs = [
+            [list(zip(ids, lps)) for ids, lps in zip(top_ids[i, span[i]].tolist(), top[i, span[i]].tolist())]
+            for i in range(b)
+        ]
+    return GenerationResult(tokens=tokens, texts=texts, metrics=metrics, finish_reasons=reasons,
+                            stop_reasons=stop_reasons, logprobs=logprobs, top_logprobs=top_logprobs)

@@ -2,8 +2,10 @@
 
 Prompts run one at a time (batch 1, the setting speculative decoding is for, as in
 Spec-Bench). Progress goes to stderr, results to stdout: the text, or with ``--json`` one JSON
-object per prompt (``text``, ``tokens``, ``metrics``). ``--compare`` also runs plain decoding
-of the same engine on the same prompts and prints the speedup and whether outputs match.
+object per prompt (``text`` and ``tokens`` of the first sample, ``samples`` with each sample's
+text, tokens, finish and stop reason and logprobs, ``metrics``). ``--compare`` also runs plain
+decoding of the same engine and settings on the same prompts and prints the speedup and
+whether outputs match (tokens, text and logprobs; under greedy decoding they must).
 """
 
 from __future__ import annotations
@@ -31,9 +33,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
     g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
-    g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default: 0)")
+    s = g.add_argument_group("sampling (jaxspec.SamplingConfig; speculative output stays exact under each)")
+    s.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per sample (default: 128)")
+    s.add_argument("--min-new-tokens", type=int, default=0, help="EOS and stops suppressed before this many (default: 0)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    s.add_argument("--top-k", type=int, default=0, help="keep the k most probable tokens; 0 = off (default)")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]; 1 = off (default)")
+    s.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min-p x the top probability (default: 0)")
+    s.add_argument("--repetition-penalty", type=float, default=1.0, help="CTRL repetition penalty > 0; 1 = off")
+    s.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI frequency penalty in [-2, 2]")
+    s.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI presence penalty in [-2, 2]")
+    s.add_argument("--stop", action="append", default=[], metavar="STRING", help="stop string (repeatable)")
+    s.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID",
+                   help="token id that ends a sample, besides EOS (repeatable)")
+    s.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="report each token's log-probability and the N most probable alternatives (in --json)")
+    s.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
+                   help="logprobs of the model's raw distribution (default) or of the processed one sampled from")
+    s.add_argument("--n", type=int, default=1, help="samples per prompt (default: 1)")
+    s.add_argument("--seed", type=int, default=0, help="random seed; sample r uses seed + r (default: 0)")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap prompts in the model's chat template (default: on)")
     g.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
@@ -89,6 +107,48 @@ def _make_drafter(args, model, load):
     return jaxspec.ModelDrafter(draft.config, gamma=args.gamma), draft.params
 
 
+def _sampling(args):
+    import jaxspec
+
+    try:
+        return jaxspec.SamplingConfig(
+            max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+            frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty, seed=args.seed,
+            n=args.n, stop=args.stop, stop_token_ids=args.stop_token_id, logprobs=args.logprobs,
+            logprobs_mode=args.logprobs_mode,
+        )
+    except ValueError as e:
+        flag = str(e).split(" ")[0].replace("_", "-")
+        raise SystemExit(f"error: --{flag}: {e}")
+
+
+def _samples(res) -> list[dict]:
+    """Per sample of a one-prompt result: what ``--json`` prints."""
+    out = []
+    for j, tokens in enumerate(res.tokens):
+        sample = {"text": res.texts[j], "tokens": tokens, "finish_reason": res.finish_reasons[j],
+                  "stop_reason": res.stop_reasons[j]}
+        if res.logprobs is not None:
+            sample["logprobs"] = res.logprobs[j]
+            sample["top_logprobs"] = [[[i, lp] for i, lp in alts] for alts in res.top_logprobs[j]]
+        out.append(sample)
+    return out
+
+
+def _max_logprob_gap(a, b) -> float:
+    """Largest |difference| between two results' logprobs (chosen and alternatives)."""
+    gap = 0.0
+    for la, lb, ta, tb in zip(a.logprobs, b.logprobs, a.top_logprobs, b.top_logprobs):
+        gap = max([gap] + [abs(x - y) for x, y in zip(la, lb)])
+        for alts_a, alts_b in zip(ta, tb):
+            gap = max([gap] + [abs(x[1] - y[1]) for x, y in zip(alts_a, alts_b)])
+    return gap
+
+
+LOGPROB_TOLERANCE = 1e-4  # float32; 1-token and window forwards agree to a few ulps on CPU
+
+
 def _generate(args) -> int:
     from rich.console import Console
 
@@ -96,6 +156,7 @@ def _generate(args) -> int:
 
     console = Console(stderr=True)
     prompts = _read_prompts(args)
+    sampling = _sampling(args)
     try:
         with console.status(f"loading {args.model}"):
             load = lambda name: jaxspec.load(name, dtype=args.dtype)  # noqa: E731
@@ -107,8 +168,7 @@ def _generate(args) -> int:
     def run(prompt, d, dp, label, i):
         msg = f"[{i + 1}/{len(prompts)}] {label}: compiling (first call per prompt-length bucket) and generating"
         with console.status(msg):
-            return jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, max_new_tokens=args.max_new_tokens,
-                                    temperature=args.temperature, seed=args.seed, chat=args.chat)
+            return jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, sampling=sampling, chat=args.chat)
 
     name = args.drafter if drafter is not None else "plain"
     speedups, same, spec_tps, taus, compile_s = [], [], [], [], 0.0
@@ -118,23 +178,31 @@ def _generate(args) -> int:
             compile_s += res.metrics.compile_s
             spec_tps.append(res.metrics.tokens_per_s)
             taus.append(res.metrics.tau)
-            record = {"prompt": prompt, "text": res.text, "tokens": res.tokens[0],
-                      "metrics": {**res.metrics.row(0), **{k: v for k, v in res.metrics.summary().items()
-                                                           if k in ("gamma", "compile_s", "run_s", "tokens_per_s")}},
-                      "drafter": name}
+            samples = _samples(res)
+            summary = res.metrics.summary()
+            record = {"prompt": prompt, "text": samples[0]["text"], "tokens": samples[0]["tokens"],
+                      "samples": samples, "drafter": name,
+                      "metrics": {**{k: summary[k] for k in ("acceptance_rate", "tau", "gamma", "compile_s", "run_s",
+                                                            "tokens_per_s", "new_tokens", "target_forwards")},
+                                  "rows": [res.metrics.row(j) for j in range(len(res.tokens))]}}
             if args.compare:
                 base = run(prompt, None, None, "plain", i)
                 compile_s += base.metrics.compile_s
                 speedups.append(res.metrics.tokens_per_s / base.metrics.tokens_per_s)
-                identical = base.tokens == res.tokens
-                same.append(identical)
+                identical = base.tokens == res.tokens and base.texts == res.texts
+                gap = _max_logprob_gap(base, res) if res.logprobs is not None and identical else None
+                same.append(identical and (gap is None or gap <= LOGPROB_TOLERANCE))
                 record["compare"] = {"plain_tokens_per_s": base.metrics.tokens_per_s, "speedup": speedups[-1],
-                                     "identical": identical if args.temperature == 0 else None}
+                                     "identical": identical if args.temperature == 0 else None,
+                                     "logprobs_max_abs_diff": gap}
             if args.json:
                 print(json.dumps(record), flush=True)
             else:
-                print(res.text, flush=True)
-                console.print(f"[dim]{res.metrics.new_tokens[0]} tokens, {res.metrics.tokens_per_s:.1f} tok/s, "
+                for j, sample in enumerate(samples):
+                    if len(samples) > 1:
+                        console.print(f"[dim]--- sample {j + 1}/{len(samples)}[/dim]")
+                    print(sample["text"], flush=True)
+                console.print(f"[dim]{int(res.metrics.new_tokens.sum())} tokens, {res.metrics.tokens_per_s:.1f} tok/s, "
                               f"tau {res.metrics.tau:.2f}[/dim]")
     except ValueError as e:
         raise SystemExit(f"error: {e}")
@@ -143,7 +211,8 @@ def _generate(args) -> int:
             f"median tau {statistics.median(taus):.2f}, compile {compile_s:.1f} s")
     if args.compare:
         line += f", median speedup {statistics.median(speedups):.2f}x vs plain"
-        line += (f", outputs identical: {sum(same)}/{len(same)}" if args.temperature == 0
+        line += (f", outputs identical: {sum(same)}/{len(same)} (tokens, text, logprobs within {LOGPROB_TOLERANCE})"
+                 if args.temperature == 0
                  else ", outputs differ by design when sampling (same distribution)")
     console.print(line, soft_wrap=True)
     return 0 if (not args.compare or args.temperature != 0 or all(same)) else 1

@@ -304,6 +304,23 @@ class Tokenizer:
         """Id of a vocabulary string (byte-level spelling), or None."""
         return self.backend.token_to_id(token)
 
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes in decoded text (``b""`` for special tokens): ``decode(ids)`` is the
+        UTF-8 decoding of their concatenation. Used to match stop strings on device."""
+        if getattr(self, "_token_bytes", None) is None:
+            byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+            added = self.backend.get_added_tokens_decoder()
+            out = []
+            for i, tok in enumerate(self._tokens):
+                if i in self.special_ids:
+                    out.append(b"")
+                elif i in added or not set(tok) <= byte_of.keys():
+                    out.append(tok.encode("utf-8"))
+                else:
+                    out.append(bytes(byte_of[c] for c in tok))
+            self._token_bytes = out
+        return self._token_bytes
+
     # ------------------------------------------------------------------ encode / decode
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Text -> token ids.

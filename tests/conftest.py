@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import engine
+import jaxspec.api
+from jaxspec import engine, stopping
+from jaxspec.sampling import SamplingParams
 from jaxspec.models import llama
 
 # Target: 2 blocks (so early exit has a strictly shorter drafter), GQA 4 query / 2 KV heads.
@@ -80,9 +82,9 @@ class Tiny:
         raise ValueError(kind)
 
     def generate(self, prompts, kind: str = "plain", gamma: int = 0, **kw):
-        """``jaxspec.generate`` on the target with a drafter of ``kind``; ``stop_ids=()`` unless given."""
+        """``jaxspec.generate`` on the target with a drafter of ``kind``; EOS ignored unless ``ignore_eos=False``."""
         drafter, dparams = self.drafter(kind, gamma)
-        kw.setdefault("stop_ids", ())
+        kw.setdefault("ignore_eos", True)
         kw.setdefault("max_new_tokens", self.max_new)
         return jaxspec.generate(self.params, prompts, config=self.cfg, drafter=drafter, drafter_params=dparams, **kw)
 
@@ -107,10 +109,12 @@ def plain_greedy(tiny) -> list[list[int]]:
     return tiny.generate(tiny.prompts).tokens
 
 
-def make_inputs(prompts, *, max_new_tokens: int, temperature=0.0, seed: int = 0, stop_ids=(), pad_to=None):
+def make_inputs(prompts, *, max_new_tokens: int, temperature=0.0, seed: int = 0, stop_ids=(), pad_to=None,
+                stop=(), tokenizer=None, vocab_size: int = 64, **settings):
     """``engine.Inputs`` built the way ``jaxspec.generate`` builds them: prompts right-padded
     with 0 (to ``pad_to`` tokens, default the longest prompt), row ``b`` keyed by
-    ``jax.random.key(seed + b)``, stop ids padded with -1 when empty."""
+    ``jax.random.key(seed + b)``, stop ids padded with -1 when empty; ``settings`` are
+    other ``SamplingParams`` values (one or per row)."""
     b = len(prompts)
     lens = np.array([len(p) for p in prompts], np.int32)
     arr = np.zeros((b, pad_to or int(lens.max())), np.int32)
@@ -121,9 +125,9 @@ def make_inputs(prompts, *, max_new_tokens: int, temperature=0.0, seed: int = 0,
         prompt=jnp.asarray(arr),
         prompt_lens=jnp.asarray(lens),
         max_new_tokens=jnp.full((b,), max_new_tokens, jnp.int32),
-        temperature=jnp.asarray(np.broadcast_to(np.float32(temperature), (b,)).copy()),
+        sampling=SamplingParams.make(b, stop_ids=stop_ids, temperature=temperature, **settings),
         keys=jax.vmap(jax.random.key)(jnp.asarray(seeds, dtype=jnp.uint32)),
-        stop_ids=jnp.asarray(np.array(list(stop_ids) or [-1], np.int32)),
+        stops=stopping.make_tables(list(stop), jaxspec.api._token_table(tokenizer, vocab_size)),
     )
 
 

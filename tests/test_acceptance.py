@@ -181,8 +181,8 @@ def test_abstained_drafts_are_forced_rejections_replaced_from_p():
 def test_tiny_temperature_is_a_valid_distribution():
     """T = 1e-10 under jit: dividing raw logits by T overflowed to inf - inf = NaN (found by
     review); subtracting the max first gives the greedy one-hot, exactly."""
-    from jaxspec.sampling import processed_probs
+    from jaxspec.sampling import SamplingParams, processed_probs
 
     logits = jnp.array([[1.0, 3.0, 2.0], [-50.0, 40.0, 39.9]])
-    probs = jax.jit(processed_probs)(logits, jnp.array([1e-10, 1e-30], jnp.float32))
+    probs = jax.jit(processed_probs)(logits, SamplingParams.make(2, temperature=[1e-10, 1e-30]))
     np.testing.assert_array_equal(np.asarray(probs), [[0, 1, 0], [0, 1, 0]])

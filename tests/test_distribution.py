@@ -53,10 +53,11 @@ import pytest
 
 import jaxspec
 import jaxspec.api
+import jaxspec.sampling
 from jaxspec import acceptance, engine
 from jaxspec.cache import KVCache
 from jaxspec.models import llama
-from jaxspec.sampling import processed_probs, sample
+from jaxspec.sampling import History, SamplingParams, processed_probs, sample
 
 V = 8
 TARGET = jaxspec.ModelConfig(
@@ -187,11 +188,14 @@ def test_statistics_helpers_match_tables():
 # ---------------------------------------------------------------------------- models and exact distribution
 
 
+TARGET_SEED, DRAFT_SEED = 10, 11
+
+
 @pytest.fixture(scope="module")
 def models():
     return {
-        "target": llama.init_params(TARGET, jax.random.key(10), scale=1.0),
-        "draft": llama.init_params(DRAFT, jax.random.key(11), scale=1.0),
+        "target": llama.init_params(TARGET, jax.random.key(TARGET_SEED), scale=1.0),
+        "draft": llama.init_params(DRAFT, jax.random.key(DRAFT_SEED), scale=1.0),
     }
 
 
@@ -203,25 +207,64 @@ def _full_logits(params, config, tokens):
     return llama.forward(params, config, tokens, positions, KVCache.zeros(config, b, t, jnp.float32))[0]
 
 
-def _next_token_probs(params, config, temperature: float) -> np.ndarray:
-    """float64 ``[V^2, len(PROMPT) + 2, V]``: processed next-token distributions after
-    PROMPT + every 2-token prefix (row x1 * V + x2), at every position."""
+def reference_probs(logits: np.ndarray, prompt, generated, settings: dict) -> np.ndarray:
+    """The processed next-token distribution, written independently of ``jaxspec.sampling``:
+    float64, Hugging Face's logits processors in their order, top-k/top-p by sorting.
+
+    ``logits`` float ``[V]``; ``generated`` the tokens generated before this one."""
+    s = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+         "frequency_penalty": 0.0, "presence_penalty": 0.0, **settings}
+    x = np.asarray(logits, np.float64).copy()
+    r = s["repetition_penalty"]
+    for t in set(prompt) | set(generated):  # RepetitionPenaltyLogitsProcessor (CTRL)
+        x[t] = x[t] / r if x[t] > 0 else x[t] * r
+    counts = np.bincount(np.asarray(generated, np.int64), minlength=len(x))
+    x -= s["frequency_penalty"] * counts + s["presence_penalty"] * (counts > 0)  # OpenAI penalties
+    x /= s["temperature"]
+    if s["top_k"] > 0:  # TopKLogitsWarper: drop logits below the k-th largest
+        x[x < np.sort(x)[-s["top_k"]]] = -np.inf
+    if s["top_p"] < 1:  # TopPLogitsWarper: ascending sort, drop where cumulative mass <= 1 - p
+        order = np.argsort(x)
+        cum = np.cumsum(_softmax(x[order]))
+        drop = cum <= 1 - s["top_p"]
+        drop[-1] = False
+        x[order[drop]] = -np.inf
+    if s["min_p"] > 0:  # MinPLogitsWarper
+        probs = _softmax(x)
+        x[probs < s["min_p"] * probs.max()] = -np.inf
+    return _softmax(x)
+
+
+def _softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+@functools.lru_cache(maxsize=None)
+def _prefix_logits(which: str, seed: int) -> np.ndarray:
+    """float64 ``[V^2, len(PROMPT) + 2, V]`` logits after PROMPT + every 2-token prefix
+    (row x1 * V + x2), of the target (``which="target"``) or the draft model."""
+    config = TARGET if which == "target" else DRAFT
+    params = llama.init_params(config, jax.random.key(seed), scale=1.0)
     prefixes = np.array([[a, b] for a in range(V) for b in range(V)], np.int32)
     tokens = np.concatenate([np.tile(PROMPT, (len(prefixes), 1)), prefixes], axis=1).astype(np.int32)
-    logits = _full_logits(params, config, jnp.asarray(tokens))
-    probs = np.asarray(processed_probs(logits, jnp.full((len(tokens),), temperature, jnp.float32)), np.float64)
-    return probs / probs.sum(-1, keepdims=True)
+    return np.asarray(_full_logits(params, config, jnp.asarray(tokens)), np.float64)
 
 
-def _exact_probs(params, temperature: float) -> np.ndarray:
+def _exact_probs(settings: dict) -> np.ndarray:
     """float64 ``[V ** N_NEW]``: P(x1 x2 x3 | PROMPT) = p(x1) p(x2 | x1) p(x3 | x1 x2), index
-    x1 * V^2 + x2 * V + x3, from one uncached forward over PROMPT + every 2-token prefix."""
-    probs = _next_token_probs(params, TARGET, temperature)
+    x1 * V^2 + x2 * V + x3, each factor ``reference_probs`` of the target's logits with the
+    tokens generated before it."""
+    logits = _prefix_logits("target", TARGET_SEED)
     last = len(PROMPT) - 1
-    p1 = probs[0, last]  # [V]
-    p2 = probs[::V, last + 1]  # [V (x1), V]
-    p3 = probs[:, last + 2].reshape(V, V, V)  # [x1, x2, V]
-    return (p1[:, None, None] * p2[:, :, None] * p3).reshape(-1)
+    p = np.zeros((V, V, V))
+    p1 = reference_probs(logits[0, last], PROMPT, [], settings)
+    for x1 in range(V):
+        p2 = reference_probs(logits[x1 * V, last + 1], PROMPT, [x1], settings)
+        for x2 in range(V):
+            p3 = reference_probs(logits[x1 * V + x2, last + 2], PROMPT, [x1, x2], settings)
+            p[x1, x2] = p1[x1] * p2[x2] * p3
+    return p.reshape(-1)
 
 
 # ---------------------------------------------------------------------------- sampling through the engine
@@ -253,11 +296,11 @@ def _drafter(kind: str, gamma: int, models):
     raise ValueError(kind)
 
 
-def _sample_counts(models, inputs_factory, kind, gamma, temperature, seed, n=N, fresh=False):
+def _sample_counts(models, inputs_factory, kind, gamma, settings, seed, n=N, fresh=False):
     """Counts ``[V ** 3]`` of the continuations of ``n`` rows, and the fractions of rows that
     accepted at least one draft and that rejected at least one."""
     drafter, dparams = _drafter(kind, gamma, models)
-    inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, temperature=temperature, seed=seed)
+    inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, seed=seed, vocab_size=V, **settings)
     state = jax.device_get(_program(drafter, fresh)(models["target"], dparams, inputs))
     lp = len(PROMPT)
     np.testing.assert_array_equal(state.seq_lens, lp + N_NEW)
@@ -278,42 +321,89 @@ def _check(counts, exact, label):
     return p_value, info
 
 
-def test_exact_distribution_and_plain_sampling(models, inputs_factory):
-    """The harness's own reference: the enumerated distribution sums to 1, is far from
-    uniform and from degenerate, and plain target sampling (no drafter) passes the test."""
-    for t in (1.0, 0.7):
-        exact = _exact_probs(models["target"], t)
-        assert exact.sum() == pytest.approx(1.0, abs=1e-6)
-        tv_uniform = 0.5 * np.abs(exact - 1 / exact.size).sum()
-        print(f"T={t}: max cell {exact.max():.4f}, TV to uniform {tv_uniform:.3f}")
-        assert exact.max() < 0.2 and tv_uniform > 0.3, (exact.max(), tv_uniform)
-    counts, _ = _sample_counts(models, inputs_factory, "plain", 0, 1.0, seed=SEED_STRIDE)
-    p_value, info = _check(counts, _exact_probs(models["target"], 1.0), "plain T=1")
+# Each setting changes the distribution a lot at V = 8 (TV to plain T = 1 sampling, printed
+# by test_settings_change_the_distribution): temperatures, truncation and penalties.
+SETTINGS = {
+    "T=0.7": {"temperature": 0.7},
+    "T=1": {"temperature": 1.0},
+    "T=1.5": {"temperature": 1.5},
+    "top_k=3": {"temperature": 1.0, "top_k": 3},
+    "top_p=0.8": {"temperature": 1.0, "top_p": 0.8},
+    "min_p=0.1": {"temperature": 1.0, "min_p": 0.1},
+    "penalties": {"temperature": 1.0, "repetition_penalty": 1.5, "frequency_penalty": 0.5, "presence_penalty": 0.5},
+}
+
+
+def _sampling_history(prompt, generated, b):
+    """``History`` of ``b`` rows with the same prompt and generated tokens."""
+    h = History.from_prompt(jnp.asarray([prompt] * b, jnp.int32), jnp.full((b,), len(prompt), jnp.int32), V)
+    if generated:
+        h = h.add(jnp.asarray([generated] * b, jnp.int32), jnp.ones((b, len(generated)), bool))
+    return h
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_processing_matches_reference(name):
+    """``processed_probs`` (thresholds by bisection, penalties from ``History``) equals the
+    sort-based float64 reference at every position of every 3-token continuation: the same
+    support exactly, probabilities within 2e-6 (float32 softmax of logits below 30 in
+    magnitude: a few ulps of 1)."""
+    logits = _prefix_logits("target", TARGET_SEED)
+    last = len(PROMPT) - 1
+    sp = SamplingParams.make(1, **SETTINGS[name])
+    worst = 0.0
+    for generated in [[]] + [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V)]:
+        row = generated[0] * V + generated[1] if len(generated) == 2 else (generated[0] * V if generated else 0)
+        x = logits[row, last + len(generated)]
+        ours = np.asarray(processed_probs(jnp.asarray(x[None], jnp.float32), sp, _sampling_history(PROMPT, generated, 1)))[0]
+        ref = reference_probs(x, PROMPT, generated, SETTINGS[name])
+        np.testing.assert_array_equal(ours > 0, ref > 0, err_msg=f"{name} support after {generated}")
+        worst = max(worst, float(np.abs(ours - ref).max()))
+    assert worst < 2e-6, worst
+
+
+def test_settings_change_the_distribution():
+    """Every setting's exact distribution is far (TV > 0.05, more than twice what the
+    harness detects) from plain T = 1 sampling, so each case tests its own setting; the
+    reference sums to 1."""
+    plain = _exact_probs(SETTINGS["T=1"])
+    for name, settings in SETTINGS.items():
+        exact = _exact_probs(settings)
+        assert exact.sum() == pytest.approx(1.0, abs=1e-9)
+        tv = 0.5 * np.abs(exact - plain).sum()
+        print(f"{name}: TV to T=1 {tv:.3f}, max cell {exact.max():.4f}")
+        assert name == "T=1" or tv > 0.05, (name, tv)
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_plain_sampling_matches_reference(models, inputs_factory, name):
+    """Plain target sampling through the engine (no drafter) passes the chi-square test
+    against the enumerated reference distribution, for every setting."""
+    seed = SEED_STRIDE * (list(SETTINGS).index(name) + 40)
+    counts, _ = _sample_counts(models, inputs_factory, "plain", 0, SETTINGS[name], seed=seed)
+    p_value, info = _check(counts, _exact_probs(SETTINGS[name]), f"plain {name}")
     assert p_value > ALPHA, info
 
 
+# Every drafter with every setting; gamma alternates 1 / 4 so each drafter meets both.
 CASES = [
-    ("model", 2, 1.0),
-    ("model", 2, 0.7),
-    ("model", 1, 1.0),
-    ("model", 4, 0.7),
-    ("ngram", 2, 1.0),
-    ("early_exit", 2, 1.0),
+    (kind, (1, 4)[(i + k) % 2], name)
+    for k, kind in enumerate(("model", "ngram", "early_exit"))
+    for i, name in enumerate(SETTINGS)
 ]
 
 
-@pytest.mark.parametrize("kind,gamma,temperature", CASES)
-def test_speculative_sampling_matches_target(models, inputs_factory, kind, gamma, temperature):
+@pytest.mark.parametrize("kind,gamma,name", CASES)
+def test_speculative_sampling_matches_target(models, inputs_factory, kind, gamma, name):
     """Speculative sampling with each drafter (draft model, n-gram lookup with q = None,
-    early exit) at temperature 1 and 0.7 and gamma 1, 2, 4 passes the chi-square test
-    against the exact target distribution; the drafts are accepted often enough (and
-    rejected often enough) that both the acceptance and the residual paths shape the
-    sample."""
-    seed = SEED_STRIDE * (CASES.index((kind, gamma, temperature)) + 2)
-    counts, (accepted_some, rejected_some) = _sample_counts(models, inputs_factory, kind, gamma, temperature, seed)
+    early exit) at gamma 1 and 4 under each setting passes the chi-square test against the
+    exact target distribution; drafts are accepted often enough (and rejected often
+    enough) that both the acceptance and the residual paths shape the sample."""
+    seed = SEED_STRIDE * (CASES.index((kind, gamma, name)) + 2)
+    counts, (accepted_some, rejected_some) = _sample_counts(models, inputs_factory, kind, gamma, SETTINGS[name], seed)
     print(f"rows accepting a draft {accepted_some:.3f}, rows rejecting one {rejected_some:.3f}")
-    assert accepted_some > 0.1 and rejected_some > 0.02, (accepted_some, rejected_some)
-    p_value, info = _check(counts, _exact_probs(models["target"], temperature), f"{kind} gamma {gamma} T={temperature}")
+    assert accepted_some > 0.05 and rejected_some > 0.02, (accepted_some, rejected_some)
+    p_value, info = _check(counts, _exact_probs(SETTINGS[name]), f"{kind} gamma {gamma} {name}")
     assert p_value > ALPHA, info
 
 
@@ -322,8 +412,8 @@ def test_draft_model_differs_from_target(models):
     distribution and the target's is large (0.38 at T = 1), yet they overlap (>= 4 tokens
     have probability > 1% under both)."""
     last = len(PROMPT) - 1
-    p = _next_token_probs(models["target"], TARGET, 1.0)[0, last]
-    q = _next_token_probs(models["draft"], DRAFT, 1.0)[0, last]
+    p = reference_probs(_prefix_logits("target", TARGET_SEED)[0, last], PROMPT, [], {})
+    q = reference_probs(_prefix_logits("draft", DRAFT_SEED)[0, last], PROMPT, [], {})
     tv = 0.5 * np.abs(p - q).sum()
     assert 0.2 < tv < 0.6, tv
     assert (np.minimum(p, q) > 0.01).sum() >= 4, "supports barely overlap"
@@ -335,8 +425,8 @@ def test_generate_uses_the_same_sampler(models, inputs_factory):
     drafter, dparams = _drafter("model", 2, models)
     seed, n = SEED_STRIDE * 30, 16
     out = jaxspec.generate(models["target"], [PROMPT] * n, config=TARGET, drafter=drafter, drafter_params=dparams,
-                           max_new_tokens=N_NEW, temperature=1.0, seed=seed, stop_ids=())
-    inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, temperature=1.0, seed=seed)
+                           max_new_tokens=N_NEW, temperature=1.0, seed=seed, ignore_eos=True)
+    inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, temperature=1.0, seed=seed, vocab_size=V)
     state = jax.device_get(_program(drafter)(models["target"], dparams, inputs))
     lp = len(PROMPT)
     assert out.tokens == state.tokens[:, lp : lp + N_NEW].tolist()
@@ -352,7 +442,11 @@ def _wrong_accept(rule: str):
     - ``always_accept``: accept every draft (the output then follows the drafter);
     - ``double_ratio``: accept with min(1, 2 p / q) instead of min(1, p / q);
     - ``bonus_off_by_one``: after all drafts are accepted, draw the bonus token from
-      p[gamma - 1] (the distribution the last draft was checked against) instead of p[gamma].
+      p[gamma - 1] (the distribution the last draft was checked against) instead of p[gamma];
+    - ``inverted_ratio``: accept with min(1, q / p).
+
+    (Accepting with an uncapped p / q is not a wrong rule here: u < p / q and u < min(1, p / q)
+    are the same event for u in [0, 1).)
     """
 
     def wrong(keys, p, q, drafts):
@@ -370,6 +464,8 @@ def _wrong_accept(rule: str):
             accepted = valid
         elif rule == "double_ratio":
             accepted = valid & (u * q_d < 2 * p_d)
+        elif rule == "inverted_ratio":
+            accepted = valid & (u * p_d < q_d)
         else:
             accepted = valid & (u * q_d < p_d)
         n_acc = jnp.sum(jnp.cumprod(accepted, axis=1), axis=1).astype(jnp.int32)
@@ -405,7 +501,8 @@ def clean_compile_caches():
 
 
 @pytest.mark.parametrize(
-    "rule,gamma", [("resample_from_p", 2), ("always_accept", 2), ("double_ratio", 2), ("bonus_off_by_one", 1)]
+    "rule,gamma",
+    [("resample_from_p", 2), ("always_accept", 2), ("double_ratio", 2), ("inverted_ratio", 2), ("bonus_off_by_one", 1)],
 )
 def test_wrong_rule_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches, rule, gamma):
     """The same test (draft model, T = 1, N rows, gamma as in the passing cases) rejects a
@@ -414,6 +511,24 @@ def test_wrong_rule_is_detected(models, inputs_factory, monkeypatch, clean_compi
     re-tracing swaps the rule. (The bonus is only observed at gamma 1: with 3 new tokens a
     gamma-2 window never keeps its bonus.)"""
     monkeypatch.setattr(acceptance, "accept", _wrong_accept(rule))
-    counts, _ = _sample_counts(models, inputs_factory, "model", gamma, 1.0, seed=SEED_STRIDE * 20, fresh=True)
-    p_value, info = _check(counts, _exact_probs(models["target"], 1.0), f"wrong rule {rule}")
+    counts, _ = _sample_counts(models, inputs_factory, "model", gamma, SETTINGS["T=1"], seed=SEED_STRIDE * 20, fresh=True)
+    p_value, info = _check(counts, _exact_probs(SETTINGS["T=1"]), f"wrong rule {rule}")
     assert p_value < ALPHA, f"the harness did not detect a wrong rule: {info}"
+
+
+def _counts_without_drafts(history, drafts, width):
+    """Wrong: every window position scored with the counts at the start of the step, as if
+    penalties were fed only by the tokens committed before the window."""
+    return jnp.broadcast_to(history.counts[:, None], (history.counts.shape[0], width, history.counts.shape[-1]))
+
+
+@pytest.mark.parametrize("kind", ["model", "ngram"])
+def test_penalties_from_committed_tokens_only_are_detected(models, inputs_factory, monkeypatch, clean_compile_caches,
+                                                           kind):
+    """Penalties that ignore the drafts inside the verify window (the peer bug of feeding
+    them only the tokens accepted before the step) change the distribution, and the harness
+    rejects it; plain decoding is unaffected by the patch (one token per step)."""
+    monkeypatch.setattr(jaxspec.sampling, "window_counts", _counts_without_drafts)
+    counts, _ = _sample_counts(models, inputs_factory, kind, 2, SETTINGS["penalties"], seed=SEED_STRIDE * 21, fresh=True)
+    p_value, info = _check(counts, _exact_probs(SETTINGS["penalties"]), f"penalties without drafts ({kind})")
+    assert p_value < ALPHA, f"the harness did not detect penalties that skip the drafts: {info}"

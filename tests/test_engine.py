@@ -167,8 +167,8 @@ def test_stop_token_accepted_mid_window(tiny, plain_greedy):
     for i, prompt in enumerate(tiny.prompts):
         k = _stop_inside_window(plain_greedy[i], 5)
         stop = plain_greedy[i][k]
-        plain = tiny.generate([prompt], stop_ids=(stop,)).tokens[0]
-        spec = tiny.generate([prompt], "model_self", 4, stop_ids=(stop,))
+        plain = tiny.generate([prompt], stop_token_ids=(stop,)).tokens[0]
+        spec = tiny.generate([prompt], "model_self", 4, stop_token_ids=(stop,))
         out = spec.tokens[0]
         assert plain == plain_greedy[i][: k + 1]
         assert out == plain, f"prompt {i}, stop {stop} at {k}"
@@ -180,7 +180,7 @@ def test_stop_token_accepted_mid_window(tiny, plain_greedy):
 
 def test_stop_token_sampled_at_prefill(tiny, plain_greedy):
     """A stop id as the very first token: one token out, no verify step."""
-    r = tiny.generate([tiny.prompts[0]], "model_self", 4, stop_ids=(plain_greedy[0][0],))
+    r = tiny.generate([tiny.prompts[0]], "model_self", 4, stop_token_ids=(plain_greedy[0][0],))
     assert r.tokens == [[plain_greedy[0][0]]]
     assert r.metrics.verify_steps[0] == 0
 
@@ -191,10 +191,10 @@ def test_stop_ids_batch_rows_stop_independently(tiny, plain_greedy, kind):
     emits the stop id runs to max_new_tokens), each exactly where plain decoding ends it."""
     # one stop id (the stop-id array keeps the shape of the other tests: no recompile)
     stops = (plain_greedy[0][_stop_inside_window(plain_greedy[0], 5)],)
-    plain = tiny.generate(tiny.prompts, stop_ids=stops).tokens
+    plain = tiny.generate(tiny.prompts, stop_token_ids=stops).tokens
     lengths = sorted(len(t) for t in plain)
     assert lengths[0] < lengths[-1], f"rows do not stop at different steps: {plain}"
-    assert tiny.generate(tiny.prompts, kind, 4, stop_ids=stops).tokens == plain
+    assert tiny.generate(tiny.prompts, kind, 4, stop_token_ids=stops).tokens == plain
 
 
 # ---------------------------------------------------------------------------- invariant 3, sampling
@@ -351,8 +351,8 @@ def test_generate_runs_one_program_and_one_transfer(tiny, monkeypatch):
 def test_new_values_do_not_recompile(tiny, plain_greedy):
     """Per-request values are arrays (DESIGN.md): another stop-id list (up to 8 ids), temperature,
     seed, max_new_tokens or prompt within the bucket reuses the compiled program."""
-    tiny.generate(tiny.prompts, stop_ids=(5,))
+    tiny.generate(tiny.prompts, stop_token_ids=(5,))
     compiled = len(jaxspec.api._COMPILED)
-    tiny.generate(tiny.prompts, stop_ids=(5, 6, 7), temperature=0.7, seed=3)
-    tiny.generate([p[::-1] for p in tiny.prompts], stop_ids=(), max_new_tokens=tiny.max_new - 3)
+    tiny.generate(tiny.prompts, stop_token_ids=(5, 6, 7), temperature=0.7, seed=3)
+    tiny.generate([p[::-1] for p in tiny.prompts], stop_token_ids=(), max_new_tokens=tiny.max_new - 3)
     assert len(jaxspec.api._COMPILED) == compiled

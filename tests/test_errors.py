@@ -117,8 +117,8 @@ def test_unreadable_file(tmp_path):
 
 
 def test_stop_id_outside_vocabulary(params):
-    with pytest.raises(ValueError, match=r"stop_ids has token id 64 outside the vocabulary \[0, 64\)"):
-        jaxspec.generate(params, [3], config=CFG, max_new_tokens=8, stop_ids=(1, 64))
+    with pytest.raises(ValueError, match=r"stop_token_ids has token id 64 outside the vocabulary \[0, 64\)"):
+        jaxspec.generate(params, [3], config=CFG, max_new_tokens=8, stop_token_ids=(1, 64))
 
 
 @pytest.mark.parametrize(

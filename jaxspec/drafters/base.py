@@ -41,11 +41,15 @@ class Drafter(Protocol):
         """Drafter state after reading ``prompt`` int32 ``[B, P]`` (row ``b`` valid up to
         ``prompt_lens[b]``), for sequences of at most ``max_len`` tokens."""
 
-    def propose(self, params, state, tokens, seq_lens, keys, temperature):
+    def propose(self, params, state, tokens, seq_lens, keys, sampling, history):
         """Draft ``gamma`` tokens per row.
 
         Args:
-          keys: ``[B]`` PRNG keys for this step; temperature: float32 ``[B]`` (0 = greedy).
+          keys: ``[B]`` PRNG keys for this step.
+          sampling: ``jaxspec.sampling.SamplingParams``; history: ``jaxspec.sampling.History``
+            of the text so far. A drafter with q must return the distributions its drafts were
+            drawn from; processing its logits like the target's (``processed_probs``, with the
+            history advanced by its own drafts) keeps q close to p.
         Returns:
           ``(state, drafts int32[B, gamma], q float32[B, gamma, V] or None)``.
         """

@@ -65,23 +65,28 @@ class ModelDrafter:
         _, cache = llama.forward_hidden(params, self.config, prompt, positions, cache, visible_slots=prompt.shape[1])
         return cache
 
-    def propose(self, params, cache, tokens, seq_lens, keys, temperature):
+    def propose(self, params, cache, tokens, seq_lens, keys, sampling, history):
         cfg = self.config
         positions = (seq_lens - 2)[:, None] + jnp.arange(2, dtype=jnp.int32)[None]
         window = jnp.take_along_axis(tokens, positions, axis=1)
         hidden, cache = llama.forward_hidden(params, cfg, window, positions, cache)
-        q0 = processed_probs(llama.logits_from_hidden(params, cfg, hidden[:, -1]), temperature)
-        d0 = sample(fold_rows(keys, 0), q0)
+
+        def draft(hidden, history, i):
+            # q: the drafter's distribution after the same processing as the target's p.
+            q = processed_probs(llama.logits_from_hidden(params, cfg, hidden), sampling, history)
+            d = sample(fold_rows(keys, i), q)
+            return d, q, history.add(d[:, None], jnp.ones_like(d[:, None], bool))
+
+        d0, q0, history = draft(hidden[:, -1], history, 0)
 
         def step(carry, i):
-            cache, token = carry
+            cache, token, history = carry
             pos = (seq_lens - 1 + i)[:, None]
             hidden, cache = llama.forward_hidden(params, cfg, token[:, None], pos, cache)
-            q = processed_probs(llama.logits_from_hidden(params, cfg, hidden[:, 0]), temperature)
-            d = sample(fold_rows(keys, i), q)
-            return (cache, d), (d, q)
+            d, q, history = draft(hidden[:, 0], history, i)
+            return (cache, d, history), (d, q)
 
-        (cache, _), (ds, qs) = jax.lax.scan(step, (cache, d0), jnp.arange(1, self.gamma, dtype=jnp.int32))
+        (cache, _, _), (ds, qs) = jax.lax.scan(step, (cache, d0, history), jnp.arange(1, self.gamma, dtype=jnp.int32))
         drafts = jnp.concatenate([d0[:, None], ds.T], axis=1)
         q = jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
         return cache, drafts, q

@@ -94,7 +94,7 @@ class NGramDrafter:
     def init(self, params, prompt, prompt_lens, max_len):
         return None
 
-    def propose(self, params, state, tokens, seq_lens, keys, temperature):
+    def propose(self, params, state, tokens, seq_lens, keys, sampling, history):
         drafts = jax.vmap(lambda row, n: lookup(row, n, self.gamma, self.max_n, self.min_n))(tokens, seq_lens)
         return state, drafts, None
 
