@@ -6,9 +6,13 @@ commit steps, compiled once into one XLA program with no host round trip per ste
 Per step (``_spec_step``) every row drafts ``gamma`` tokens, the target scores
 ``[last, d_1..d_gamma]`` in ONE forward, ``jaxspec.acceptance.accept`` keeps ``n_accepted``
 drafts plus one replacement/bonus token, and each row advances by its own count, cut at the
-first stop id and at its ``max_new_tokens``. Rows never wait for each other; finished rows
-idle until every row is done. ``drafter=None`` is plain autoregressive decoding through the
-same loop (``gamma = 0``).
+first stop id or completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens``.
+Rows never wait for each other; finished rows idle until every row is done.
+``drafter=None`` is plain autoregressive decoding through the same loop (``gamma = 0``).
+
+Sampling settings travel as per-row arrays (``SamplingParams``); the loop carries the
+``History`` of generated tokens that penalties and ``min_new_tokens`` read, so verify
+position t is processed exactly as plain decoding would process it after d_1..d_t.
 """
 
 from __future__ import annotations

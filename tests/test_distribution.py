@@ -2,7 +2,9 @@
 
 A tiny target (vocabulary 8) generates 3 tokens after a fixed prompt; the exact probability
 of each of the 8^3 = 512 continuations is enumerated from ``llama.forward`` over all
-prefixes (temperature applied by ``jaxspec.sampling.processed_probs``, as the engine does).
+prefixes, each step processed by ``reference_probs``: an independent float64 implementation
+of the settings (penalties, temperature, top-k, top-p, min-p; Hugging Face's processors,
+sort-based), not the engine's ``jaxspec.sampling``. Settings: ``SETTINGS``.
 One batched run of the compiled engine program then draws N = 80,000 continuations
 (row b keyed by ``jax.random.key(seed + b)``, as ``jaxspec.generate`` keys its rows), and a
 chi-square goodness-of-fit test compares the counts with the exact probabilities.
@@ -17,7 +19,8 @@ Power. Under an alternative distribution p' the statistic is approximately nonce
 chi-square with noncentrality lambda = N * sum (p' - p)^2 / p >= N * (2 TV)^2 (Cauchy-Schwarz),
 TV the total-variation distance between p' and p on the test's cells. So every alternative
 with TV >= sqrt(lambda* / 4N) is rejected with probability >= 95%, lambda* being the
-noncentrality that gives 95% power at level ALPHA. At N = 80,000: T = 1 keeps 497 cells
+noncentrality that gives 95% power at level ALPHA. Each test prints its own detectable TV
+(0.013 for top-k 3, whose support is small, to 0.023). At N = 80,000: T = 1 keeps 497 cells
 (+1 pooled cell holding 0.05% of the mass; df 497, lambda* = 169.0), so the smallest TV
 detected with 95% power is 0.0230; T = 0.7 keeps 360 (+1 pooled, 0.38% of the mass; df 360,
 lambda* = 146.7): TV 0.0214. That holds whatever the shape of the deviation
@@ -27,8 +30,9 @@ asserts it is <= 0.025). For scale: the draft model's first-token distribution i
 at empirical TV 0.21-0.57 from the target (chi-square > 20,000 on 497 df, p < 1e-300).
 
 The harness has power where it matters: ``test_wrong_rule_is_detected`` swaps
-``jaxspec.acceptance.accept`` for four deliberately wrong rules and asserts the same test
-rejects each of them.
+``jaxspec.acceptance.accept`` for five deliberately wrong rules, and
+``test_penalties_from_committed_tokens_only_are_detected`` makes penalties ignore the drafts
+inside the verify window; the same test rejects each of them.
 
 What is observed: 3 tokens, the first drawn at prefill, the next two by verify steps. So
 the residual and acceptance at draft positions 1-2 shape the sample, and the bonus token
