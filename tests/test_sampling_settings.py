@@ -310,3 +310,38 @@ def test_bad_settings_raise_before_compile(tiny, tok, kwargs, match):
 def test_unknown_setting_is_a_type_error(tiny):
     with pytest.raises(TypeError, match=r"unknown settings \['top_q'\]"):
         tiny.generate(tiny.prompts, top_q=0.9)
+
+
+def test_truncation_thresholds_equal_sorting():
+    """``sampling.truncate`` (bisection thresholds, no sort) keeps exactly the tokens a
+    vocabulary sort keeps (Hugging Face's top-k, then top-p on the renormalised top-k, then
+    min-p), on 64 rows of 1000 distinct-valued probabilities, each row its own k/p/min-p;
+    kept probabilities renormalised equal within 1e-6 (float32 sums of <= 1000 terms)."""
+    from jaxspec.sampling import truncate
+
+    rng = np.random.default_rng(3)
+    b, v = 64, 1000
+    logits = rng.normal(size=(b, v)) * rng.uniform(0.5, 4, size=(b, 1))
+    probs = np.exp(logits - logits.max(1, keepdims=True))
+    probs = (probs / probs.sum(1, keepdims=True)).astype(np.float32)
+    top_k = rng.choice([0, 1, 7, 50, 999, 2000], size=b).astype(np.int32)
+    top_p = rng.choice([1.0, 0.5, 0.9, 0.99], size=b).astype(np.float32)
+    min_p = rng.choice([0.0, 0.01, 0.2], size=b).astype(np.float32)
+    ours = np.asarray(jax.jit(truncate)(jnp.asarray(probs[:, None]), jnp.asarray(top_k), jnp.asarray(top_p),
+                                        jnp.asarray(min_p)))[:, 0]
+    for i in range(b):
+        x = probs[i].astype(np.float64)
+        order = np.argsort(-x)
+        keep = np.ones(v, bool)
+        if top_k[i] > 0:
+            keep[order[top_k[i]:]] = False
+        y = np.where(keep, x, 0) / np.where(keep, x, 0).sum()
+        if top_p[i] < 1:
+            above = np.cumsum(y[order]) - y[order]
+            keep[order[above >= top_p[i]]] = False
+        y = np.where(keep, x, 0)
+        keep &= y >= min_p[i] * y.max()
+        expect = np.where(keep, x, 0) / np.where(keep, x, 0).sum()
+        np.testing.assert_array_equal(ours[i] > 0, keep, err_msg=f"row {i}: k {top_k[i]} p {top_p[i]} min_p {min_p[i]}")
+        np.testing.assert_allclose(ours[i], expect, atol=1e-6)
+    assert len({int((ours[i] > 0).sum()) for i in range(b)}) > 10  # the settings really vary the kept sets
