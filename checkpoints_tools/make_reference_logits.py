@@ -34,13 +34,13 @@ what both tokenizers produce.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import tempfile
 
 import numpy as np
 
+from jaxspec.checkpoints.packaged import sha256_file
 from jaxspec.gguf_loader import SMOLLM2_GGUF_FILENAME, smollm2_gguf_path
 
 GGUF_NAME = SMOLLM2_GGUF_FILENAME
@@ -58,15 +58,6 @@ ENGLISH_PROMPT = (
     "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model "
     "draft tokens that a larger model checks in one pass."
 )
-
-
-def sha256(path: str) -> str:
-    """Hex sha256 of the file at ``path`` (read in 1 MiB chunks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def main(argv=None) -> None:
@@ -122,7 +113,7 @@ def main(argv=None) -> None:
               f"({tok.decode([int(logits[-1].argmax())])!r})")
     out["versions"] = np.array(
         f"transformers={transformers.__version__} torch={torch.__version__} gguf={version('gguf')} "
-        f"numpy={np.__version__} gguf_file={GGUF_NAME} sha256={sha256(src)}"
+        f"numpy={np.__version__} gguf_file={GGUF_NAME} sha256={sha256_file(src)}"
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     np.savez_compressed(args.out, **out)
