@@ -120,6 +120,8 @@ def _field_value(field) -> Any:
 
 
 def _metadata_from_reader(reader, path: str) -> dict[str, Any]:
+    from jaxspec.chat_templates import fill_gaps
+
     meta: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
@@ -128,7 +130,7 @@ def _metadata_from_reader(reader, path: str) -> dict[str, Any]:
             meta[key] = _field_value(field)
         except Exception as e:
             raise ValueError(f"{path!r}: cannot decode metadata field {key!r}: {type(e).__name__}: {e}") from e
-    return meta
+    return fill_gaps(meta)
 
 
 def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
