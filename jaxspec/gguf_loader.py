@@ -248,6 +248,9 @@ def _reverse_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+_DEQUANT_ROWS = 4096
+
+
 def _dequantize(tensor, path: str) -> np.ndarray:
     """GGUF tensor -> float32 numpy in torch layout (numpy shape = reversed GGUF dims)."""
     from gguf import GGMLQuantizationType, quants
@@ -256,6 +259,13 @@ def _dequantize(tensor, path: str) -> np.ndarray:
         if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
                                   GGMLQuantizationType.F64):
             out = np.asarray(tensor.data, dtype=np.float32)
+        elif tensor.data.ndim == 2 and tensor.data.shape[0] > _DEQUANT_ROWS:
+            # Quantized rows in chunks: the transient float32 copies stay a few MB, not a few
+            # times the tensor (Gemma 3's [262144, 640] embedding).
+            data = tensor.data
+            out = np.empty((data.shape[0], int(tensor.shape[0])), np.float32)
+            for start in range(0, data.shape[0], _DEQUANT_ROWS):
+                out[start:start + _DEQUANT_ROWS] = quants.dequantize(data[start:start + _DEQUANT_ROWS], tensor.tensor_type)
         else:  # quantized blocks, BF16, ...
             out = quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
     except NotImplementedError as e:
@@ -288,7 +298,7 @@ def read_gguf(path: str | os.PathLike, dtype=None, put=None) -> tuple[dict, Mode
       dtype: dtype of every returned array (anything ``jnp.asarray`` accepts). Default:
         ``float32`` when ``jax.default_backend() == "cpu"`` else ``bfloat16``.
       put: ``fn(spec, float32 numpy array) -> leaf``; default ``jnp.asarray(arr, dtype)``.
-        Converters pass a host-side cast (``jaxspec.checkpoints.orbax_io.host_cast``).
+        Converters pass ``jaxspec.checkpoints.orbax_io.cpu_put(dtype)``.
 
     Returns:
       ``(params, config, metadata)``:
@@ -316,6 +326,9 @@ def read_gguf(path: str | os.PathLike, dtype=None, put=None) -> tuple[dict, Mode
     reader = _open_reader(path)
     meta = _metadata_from_reader(reader, path)
     tensors = {t.name: t for t in reader.tensors}
+    # The reader keeps a numpy view per vocabulary string (~700 MB for Gemma's 262k tokens);
+    # the values are in ``meta`` now, so drop them before the tensors are dequantized.
+    reader.fields.clear()
     cfg = _config_from_metadata(meta, set(tensors), path)
     dtype = default_dtype() if dtype is None else dtype
     put = put or (lambda spec, arr: jnp.asarray(arr, dtype=dtype))

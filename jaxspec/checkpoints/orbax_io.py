@@ -3,9 +3,10 @@
 Directory layout (``save``)::
 
     DST/jaxspec.json     {"format": "jaxspec-orbax", "version": 1, "config": {...},
-                          "tensors": {"layers/0/wq": [[D, H*hd], "float32"], ...}}
+                          "tensors": {"layers/0/wq": [[D, H*hd], "float32"], ...},
+                          "source": "/path/it/was/converted/from" or null}
     DST/params/          orbax StandardCheckpointer tree (tensorstore / zarr per array)
-    DST/tokenizer.json   optional: the GGUF ``tokenizer.*`` metadata, or
+    DST/gguf_tokenizer.json  optional: the GGUF ``tokenizer.*`` metadata, or
     DST/tokenizer/       optional: a Hugging Face tokenizer's files, copied
 
 ``restore`` builds an abstract tree of ``jax.ShapeDtypeStruct`` with the requested dtype and
@@ -42,26 +43,20 @@ def _leaf_name(path: tuple) -> str:
     return "/".join(map(str, path))
 
 
-def prepare_destination(dst: str, overwrite: bool) -> str:
-    """Absolute ``dst``; refuses an existing path unless ``overwrite`` (then removes it).
-
-    Raises:
-      FileExistsError: ``dst`` exists and ``overwrite`` is False (nothing is touched).
-    """
-    dst = os.path.abspath(dst)
-    if os.path.lexists(dst):
-        if not overwrite:
-            raise FileExistsError(f"destination {dst!r} already exists; pass --overwrite (overwrite=True) to replace it")
-        shutil.rmtree(dst) if os.path.isdir(dst) and not os.path.islink(dst) else os.remove(dst)
-    return dst
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
 
 
 def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dict | None = None,
-         tokenizer_dir: str | None = None, overwrite: bool = False) -> str:
+         tokenizer_dir: str | None = None, overwrite: bool = False, source: str | None = None) -> str:
     """Write ``params`` (numpy or jax arrays) and ``config`` as an orbax checkpoint at ``dst``.
 
     The checkpoint is written into ``dst + ".partial"`` and renamed when complete, so a failed
-    save never leaves a half-written ``dst``.
+    save never leaves a half-written ``dst``, and an existing ``dst`` (with ``overwrite``) is
+    only removed once its replacement is complete.
 
     Args:
       dst: destination directory (must not exist unless ``overwrite``).
@@ -70,6 +65,7 @@ def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dic
       tokenizer_metadata: GGUF ``tokenizer.*`` (and ``general.name``) keys to keep.
       tokenizer_dir: a Hugging Face directory whose tokenizer files are copied.
       overwrite: replace an existing ``dst``.
+      source: where the weights came from (kept in the manifest; ``verify`` compares against it).
 
     Returns:
       The absolute path written.
@@ -78,26 +74,42 @@ def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dic
       FileExistsError: ``dst`` exists and not ``overwrite``.
       ValueError: ``params`` does not match ``config`` (names the tensor).
     """
-    import orbax.checkpoint as ocp
-
     tensors = {}
     for spec in names.tensor_specs(config):
         arr = names.get_leaf(params, spec.path)
         if tuple(arr.shape) != spec.shape:
             raise ValueError(f"params {_leaf_name(spec.path)} has shape {tuple(arr.shape)}, expected {spec.shape} for {config.name}")
         tensors[_leaf_name(spec.path)] = [list(spec.shape), str(arr.dtype)]
-    dst = prepare_destination(dst, overwrite)
-    tmp = prepare_destination(dst + ".partial", True)
+    dst = os.path.abspath(dst)
+    if os.path.lexists(dst) and not overwrite:
+        raise FileExistsError(f"destination {dst!r} already exists; pass --overwrite (overwrite=True) to replace it")
+    tmp = dst + ".partial"
+    _remove(tmp)
     os.makedirs(tmp)
-    ckpt = ocp.StandardCheckpointer()
-    ckpt.save(os.path.join(tmp, "params"), params)
-    ckpt.wait_until_finished()
-    ckpt.close()
-    manifest = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "tensors": tensors}
+    try:
+        _write(tmp, params, config, tensors, tokenizer_metadata, tokenizer_dir, source)
+    except BaseException:
+        _remove(tmp)
+        raise
+    _remove(dst)
+    os.replace(tmp, dst)
+    return dst
+
+
+def _write(tmp, params, config, tensors, tokenizer_metadata, tokenizer_dir, source):
+    import orbax.checkpoint as ocp
+
+    # No compression (float weights barely compress) and at most 1 GB in flight: orbax then adds
+    # no host copy of CPU arrays (measured: README "Converting checkpoints").
+    handler = ocp.PyTreeCheckpointHandler(use_compression=False, save_concurrent_gb=1)
+    with ocp.Checkpointer(handler) as ckpt:
+        ckpt.save(os.path.join(tmp, "params"), args=ocp.args.PyTreeSave(params))
+    manifest = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), "tensors": tensors,
+                "source": source}
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
     if tokenizer_metadata:
-        with open(os.path.join(tmp, "tokenizer.json"), "w") as f:
+        with open(os.path.join(tmp, "gguf_tokenizer.json"), "w") as f:
             json.dump(tokenizer_metadata, f)
     if tokenizer_dir:
         files = [f for f in os.listdir(tokenizer_dir) if f.startswith(("tokenizer", "special_tokens", "chat_template"))]
@@ -105,8 +117,6 @@ def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dic
             os.makedirs(os.path.join(tmp, "tokenizer"))
             for f in files:
                 shutil.copy(os.path.join(tokenizer_dir, f), os.path.join(tmp, "tokenizer", f))
-    os.replace(tmp, dst)
-    return dst
 
 
 def read_manifest(path: str) -> dict:
@@ -221,7 +231,7 @@ def restore(path: str, *, dtype=None, mesh=None, specs: Callable | dict | None =
     params = ckpt.restore(params_dir, target)
     ckpt.close()
     extras: dict[str, Any] = {}
-    tok = os.path.join(path, "tokenizer.json")
+    tok = os.path.join(path, "gguf_tokenizer.json")
     if os.path.isfile(tok):
         with open(tok) as f:
             extras["tokenizer_metadata"] = json.load(f)
@@ -230,8 +240,11 @@ def restore(path: str, *, dtype=None, mesh=None, specs: Callable | dict | None =
     return params, config, extras
 
 
-def host_cast(dtype) -> Callable:
-    """``put`` for readers that keeps tensors on the host: ``fn(spec, arr) -> np.ndarray`` in
-    ``dtype`` (``ml_dtypes`` bfloat16 included)."""
-    np_dtype = np.dtype(dtype)
-    return lambda spec, arr: np.asarray(arr).astype(np_dtype, copy=False)
+def cpu_put(dtype) -> Callable:
+    """``put`` for readers that keeps tensors in host memory: ``fn(spec, arr) -> jax.Array`` in
+    ``dtype`` on the CPU device, whatever the default backend (no accelerator memory is used,
+    and orbax saves CPU arrays without another host copy)."""
+    import jax
+
+    np_dtype, cpu = np.dtype(dtype), jax.devices("cpu")[0]
+    return lambda spec, arr: jax.device_put(np.asarray(arr).astype(np_dtype, copy=False), cpu)
