@@ -53,7 +53,7 @@ def convert(src_format: str, src: str, dst: str, dtype: str = "float32", overwri
     if src_format == "gguf":
         path = resolve(src)
         params, config, meta = read_gguf(path, put=put)
-        tok = {k: v for k, v in meta.items() if k.startswith(TOKENIZER_KEYS)}
+        tok = {k: v for k, v in meta.items() if k.startswith(TOKENIZER_KEYS)} if "tokenizer.ggml.model" in meta else None
         written = orbax_io.save(dst, params, config, tokenizer_metadata=tok, overwrite=overwrite, source=os.path.abspath(path))
     elif src_format == "hf":
         params, config = hf.read_hf(src, put=put)

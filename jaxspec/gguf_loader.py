@@ -202,15 +202,22 @@ def _config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: st
     window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
     if arch == "llama" and window:
         switches["sliding_window"] = window
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
     if arch == "gemma3":
         n_layers = int(need("block_count"))
+        if isinstance(pattern, list):  # one bool per layer, True = sliding (llama.cpp's swa_layers)
+            types = tuple("sliding" if p else "full" for p in pattern)
+        else:
+            every = int(pattern or GEMMA3_SLIDING_PATTERN)
+            types = tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(n_layers))
         switches.update(
             norm_offset=1.0, sandwich_norms=True, activation="gelu_tanh",
-            embed_scale=float(np.float32(np.sqrt(dim))), attn_scale=float(head_dim) ** -0.5,
-            sliding_window=window, rope_local_theta=_f32_to_float(meta.get(f"{arch}.rope.local.freq_base", 10000.0)),
-            layer_types=tuple("full" if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 else "sliding" for i in range(n_layers)),
-            final_softcap=float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
-            attn_softcap=float(meta.get(f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
+            embed_scale=float(np.float32(np.sqrt(dim))),
+            attn_scale=_f32_to_float(meta.get(f"{arch}.attention.scale", float(head_dim) ** -0.5)),
+            sliding_window=window, layer_types=types,
+            rope_local_theta=_f32_to_float(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)),
+            final_softcap=_f32_to_float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+            attn_softcap=_f32_to_float(meta.get(f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
         )
         if scaling == "linear" and factor != 1.0:
             switches["rope_scaling"] = RopeScaling("linear", factor)

@@ -13,7 +13,6 @@ one feature (window, scaling, bias, norm offset) moves logits by > 0.05 (checked
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 
 import jax.numpy as jnp
@@ -26,22 +25,9 @@ pytest.importorskip("transformers")
 from jaxspec.cache import KVCache  # noqa: E402
 from jaxspec.checkpoints.hf import read_hf  # noqa: E402
 from jaxspec.models import llama  # noqa: E402
-from tests.hf_tiny import FAMILIES, TOKENS, write_tiny  # noqa: E402
+from hf_tiny import FAMILIES, TOKENS, write_tiny  # noqa: E402  (tiny_hf fixture: conftest)
 
 ATOL = 1e-4
-
-
-@functools.lru_cache(maxsize=None)
-def _tiny(family: str, root: str):
-    path = os.path.join(root, family)
-    ref = write_tiny(family, path)
-    return path, ref
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("hf"))
-    return lambda family: _tiny(family, root)
 
 
 def logits(params, cfg, tokens=TOKENS):

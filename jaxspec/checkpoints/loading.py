@@ -60,7 +60,7 @@ def load_checkpoint(name_or_path: str, dtype=None, mesh=None, specs=None):
     tokenizer = None
     if kind == "orbax":
         params, config, extras = orbax_io.restore(path, dtype=dtype, mesh=mesh, specs=specs)
-        if "tokenizer_metadata" in extras:
+        if "tokenizer.ggml.model" in extras.get("tokenizer_metadata", {}):
             tokenizer = Tokenizer.from_metadata(extras["tokenizer_metadata"], source=repr(path))
         elif "tokenizer_dir" in extras:
             tokenizer = Tokenizer.from_hf_dir(extras["tokenizer_dir"])
@@ -71,7 +71,8 @@ def load_checkpoint(name_or_path: str, dtype=None, mesh=None, specs=None):
             tokenizer = Tokenizer.from_hf_dir(path)
     else:
         params, config, metadata = read_gguf(path, dtype=dtype)
-        tokenizer = Tokenizer.from_metadata(metadata, source=repr(path))
+        if "tokenizer.ggml.model" in metadata:  # weights-only files (e.g. test models) have none
+            tokenizer = Tokenizer.from_metadata(metadata, source=repr(path))
     if mesh is not None:
         params = place(params, config, mesh, specs)
     return params, config, tokenizer
