@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 import numpy as np
 
@@ -76,7 +77,7 @@ def report(name_or_path: str, all_tensors: bool = False) -> str:
         f"architecture:  {config.family} ({config.name})",
         f"shape:         {config.n_layers} layers, dim {config.dim}, heads {config.n_heads}/{config.n_kv_heads} "
         f"x {config.head_dim}, ffn {config.ffn_dim}, vocab {config.vocab_size}, tied {config.tie_embeddings}",
-        f"attention:     " + (f"sliding window {config.sliding_window} on "
+        "attention:     " + (f"sliding window {config.sliding_window} on "
                               f"{sum(config.is_sliding(i) for i in range(config.n_layers))}/{config.n_layers} layers"
                               if config.sliding_window else "full on every layer")
         + f", rope theta {config.rope_theta:g}" + (f" (local {config.rope_local_theta:g})" if config.rope_local_theta else "")
@@ -86,9 +87,10 @@ def report(name_or_path: str, all_tensors: bool = False) -> str:
         f"dtypes:        {', '.join(f'{k} x{v}' for k, v in sorted(dtypes.items()))}",
         f"tensors:       {len(infos)}",
     ]
-    shown = infos if all_tensors else [i for i in infos if not any(f".{n}." in i.name or f"/{n}/" in i.name for n in range(1, 10**4))]
+    later_layer = re.compile(r"[./][1-9][0-9]*[./]")  # blk.3. / layers.3. / layers/3/
+    shown = infos if all_tensors else [i for i in infos if not later_layer.search(i.name)]
     for i in shown:
         lines.append(f"  {i.name:60s} {str(list(i.shape)):>16s} {i.dtype}")
     if not all_tensors and len(shown) < len(infos):
-        lines.append(f"  ... layers 1.. omitted (--all to list every tensor)")
+        lines.append("  ... layers 1.. omitted (--all to list every tensor)")
     return "\n".join(lines)

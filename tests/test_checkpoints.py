@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -144,3 +145,25 @@ def test_cli_convert_inspect_verify(tiny_hf, tmp_path):
     r = cli("convert", "--from", "hf", path, "--to", "orbax", dst, "--dtype", "bfloat16", "--overwrite")
     assert r.returncode == 0, r.stderr[-2000:]
     assert set(v[1] for v in json.load(open(os.path.join(dst, "jaxspec.json")))["tensors"].values()) == {"bfloat16"}
+
+
+def test_hf_tokenizer_travels_through_orbax(tiny_hf, tmp_path):
+    """An HF directory's tokenizer.json / tokenizer_config.json (chat template, BOS/EOS) is loaded
+    with the model and copied into the orbax checkpoint by ``convert``."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_hf("qwen2")[0], src)
+    words = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(61)]
+    tk = HFTokenizer(WordLevel({w: i for i, w in enumerate(words)}, unk_token="<pad>"))
+    tk.pre_tokenizer = Whitespace()
+    tk.save(str(src / "tokenizer.json"))
+    (src / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"}))
+    for path in (str(src), orbax_io.save(str(tmp_path / "o"), *read_hf(str(src)), tokenizer_dir=str(src))):
+        m = jaxspec.load(path)
+        assert (m.tokenizer.bos_id, m.tokenizer.eos_ids, m.tokenizer.vocab_size) == (1, (2,), 64), path
+        assert m.tokenizer.encode("w3 w60") == [6, 63]
+        assert m.tokenizer.apply_chat_template([{"role": "user", "content": "w5"}]) == "<s>w5"

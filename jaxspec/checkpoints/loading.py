@@ -79,14 +79,14 @@ def load_checkpoint(name_or_path: str, dtype=None, mesh=None, specs=None):
 
 
 def place(params: dict, config, mesh, specs=None) -> dict:
-    """``jax.device_put`` every leaf onto ``NamedSharding(mesh, spec)`` (``orbax_io.default_specs``
+    """``jax.device_put`` every leaf onto ``NamedSharding(mesh, spec)`` (``orbax_io.resolve_specs``
     when ``specs`` is None)."""
     import jax
     from jax.sharding import NamedSharding
 
     from jaxspec.checkpoints import names
 
-    specs = specs or orbax_io.default_specs(config, mesh)
+    specs = orbax_io.resolve_specs(config, mesh, specs)
     out = names.empty_params(config)
     for spec in names.tensor_specs(config):
         pspec = specs(spec) if callable(specs) else names.get_leaf(specs, spec.path)

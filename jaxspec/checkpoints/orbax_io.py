@@ -168,6 +168,15 @@ def default_specs(config: ModelConfig, mesh, axis: str = "model") -> Callable:
     return fn
 
 
+def resolve_specs(config: ModelConfig, mesh, specs=None):
+    """``specs`` if given, else ``default_specs`` over a ``"model"`` mesh axis, else replicated."""
+    from jax.sharding import PartitionSpec
+
+    if specs is not None:
+        return specs
+    return default_specs(config, mesh) if "model" in mesh.axis_names else (lambda spec: PartitionSpec())
+
+
 def restore(path: str, *, dtype=None, mesh=None, specs: Callable | dict | None = None,
             expect: ModelConfig | None = None) -> tuple[dict, ModelConfig, dict]:
     """Restore a checkpoint written by ``save``, straight onto a sharding and dtype.
@@ -192,7 +201,7 @@ def restore(path: str, *, dtype=None, mesh=None, specs: Callable | dict | None =
     """
     import jax
     import orbax.checkpoint as ocp
-    from jax.sharding import NamedSharding, PartitionSpec
+    from jax.sharding import NamedSharding
 
     path = os.path.abspath(path)
     manifest = read_manifest(path)
@@ -206,8 +215,8 @@ def restore(path: str, *, dtype=None, mesh=None, specs: Callable | dict | None =
         stored = ckpt.metadata(params_dir).item_metadata.tree
     except Exception as e:
         raise ValueError(f"{params_dir!r}: cannot read orbax metadata ({type(e).__name__}: {e})") from e
-    if mesh is not None and specs is None:
-        specs = default_specs(config, mesh) if "model" in mesh.axis_names else (lambda spec: PartitionSpec())
+    if mesh is not None:
+        specs = resolve_specs(config, mesh, specs)
     target = names.empty_params(config)
     for spec in names.tensor_specs(config):
         try:
