@@ -152,11 +152,13 @@ def iter_hf_tensors(path: str, config: ModelConfig) -> Iterator[tuple[names.Tens
     if extra:
         raise ValueError(f"{wm[extra[0]]!r}: unexpected tensors for {config.family} "
                          f"({config.name}): {extra[:6]}{' ...' if len(extra) > 6 else ''}")
+    missing = [s for s in specs if s.hf not in wm]
+    if missing:
+        raise ValueError(f"{path!r}: missing tensor {missing[0].hf!r} (needed for {'/'.join(map(str, missing[0].path))})")
+    last_use = {wm[s.hf]: i for i, s in enumerate(specs)}  # close (unmap) each file after its last tensor
     handles: dict[str, object] = {}
     try:
-        for spec in specs:
-            if spec.hf not in wm:
-                raise ValueError(f"{path!r}: missing tensor {spec.hf!r} (needed for {'/'.join(map(str, spec.path))})")
+        for i, spec in enumerate(specs):
             file = wm[spec.hf]
             try:
                 if file not in handles:
@@ -164,6 +166,8 @@ def iter_hf_tensors(path: str, config: ModelConfig) -> Iterator[tuple[names.Tens
                 arr = handles[file].get_tensor(spec.hf)
             except (SafetensorError, OSError, ValueError) as e:
                 raise ValueError(f"{file!r}: cannot read tensor {spec.hf!r} (truncated or corrupt file?): {e}") from e
+            if last_use[file] == i:
+                handles.pop(file)
             if tuple(arr.shape) != spec.stored_shape:
                 raise ValueError(f"{file!r}: tensor {spec.hf!r} has shape {tuple(arr.shape)}, expected "
                                  f"{spec.stored_shape} for {config.name}")
