@@ -89,8 +89,9 @@ class ModelConfig:
       activation: MLP gate activation, ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU, Gemma).
       attn_scale: attention score scale; 0 means ``head_dim ** -0.5`` (Gemma 3 uses
         ``query_pre_attn_scalar ** -0.5``).
-      attn_softcap: > 0: scores become ``cap * tanh(scores / cap)`` (Gemma 2); 0: off.
-      final_softcap: > 0: logits become ``cap * tanh(logits / cap)``; 0: off.
+      final_softcap: > 0: logits become ``cap * tanh(logits / cap)``; 0: off. (Gemma 3 configs
+        also carry ``attn_logit_softcapping``, a Gemma 2 feature that transformers' and llama.cpp's
+        Gemma 3 ignore; so do we.)
     """
 
     vocab_size: int
@@ -119,7 +120,6 @@ class ModelConfig:
     embed_scale: float = 1.0
     activation: str = "silu"
     attn_scale: float = 0.0
-    attn_softcap: float = 0.0
     final_softcap: float = 0.0
 
     def __post_init__(self):

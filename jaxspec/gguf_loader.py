@@ -217,7 +217,6 @@ def _config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: st
             sliding_window=window, layer_types=types,
             rope_local_theta=_f32_to_float(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)),
             final_softcap=_f32_to_float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
-            attn_softcap=_f32_to_float(meta.get(f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
         )
         if scaling == "linear" and factor != 1.0:
             switches["rope_scaling"] = RopeScaling("linear", factor)

@@ -38,7 +38,8 @@ def hf_config(family: str):
     if family == "gemma3":
         return tf.Gemma3TextConfig(
             **COMMON, sliding_window=5, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            query_pre_attn_scalar=12, final_logit_softcapping=20.0, attn_logit_softcapping=None,
+            query_pre_attn_scalar=12, final_logit_softcapping=20.0,
+            attn_logit_softcapping=3.0,  # transformers' Gemma 3 ignores it; so must we
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 4.0}})
     raise ValueError(family)

@@ -3,7 +3,8 @@
 Tiny random models (``tests/hf_tiny.py``): Llama, Llama 3.1 RoPE scaling, Mistral (sliding
 window on every layer), Qwen2 (q/k/v bias), Qwen3 (q/k norm), Gemma 3 (sliding and full
 layers with their own RoPE bases, linear scaling on full layers, q/k norm, sandwich norms,
-embedding scale, query_pre_attn_scalar, final soft-capping).
+embedding scale, query_pre_attn_scalar, final soft-capping; its config also sets
+attn_logit_softcapping, which transformers ignores for Gemma 3, as must we).
 
 Tolerance ATOL = 1e-4: both sides are float32 with different summation orders; the measured
 gap is <= 3.1e-6 on logits of magnitude <= 9 (gemma3), so 1e-4 is 30x that, while dropping any
@@ -59,6 +60,7 @@ def test_sharded_checkpoint_with_index(tmp_path):
     ("gemma3", {"norm_offset": 0.0}),
     ("gemma3", {"rope_local_theta": 0.0}),
     ("gemma3", {"final_softcap": 0.0}),
+    ("gemma3", {"embed_scale": 1.0}),
 ])
 def test_each_switch_matters(tiny_hf, family, change):
     """The tolerance above can fail: turning off one feature moves the logits far past it."""

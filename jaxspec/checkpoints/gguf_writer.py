@@ -4,7 +4,7 @@ The inverse of ``jaxspec.gguf_loader.read_gguf``: the same tensor names (``names
 ``[out, in]`` layout, llama.cpp's Q/K row permutation for the ``llama`` architecture, Gemma's
 norms stored as ``1 + w``, and the metadata keys llama.cpp defines (``gguf.Keys``), including
 ``attention.sliding_window_pattern`` (one bool per layer, True = sliding),
-``rope.freq_base_swa``, ``attention.scale`` and the soft-capping keys. Tensors are written
+``rope.freq_base_swa``, ``attention.scale`` and ``final_logit_softcapping``. Tensors are written
 float32 or quantized with ``gguf.quants.quantize`` (e.g. Q8_0). Used by tests and by anyone who
 wants to run a jaxspec checkpoint in llama.cpp.
 """
@@ -76,8 +76,6 @@ def write_gguf(path: str, params: dict, config: ModelConfig, *, quantization: st
             w.add_float32(gguf.Keys.Attention.SCALE.format(arch=arch), config.attn_scale)
         if config.final_softcap:
             w.add_final_logit_softcapping(config.final_softcap)
-        if config.attn_softcap:
-            w.add_attn_logit_softcapping(config.attn_softcap)
         if config.rope_scaling is not None:
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(config.rope_scaling.factor)

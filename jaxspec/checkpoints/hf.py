@@ -86,7 +86,6 @@ def config_from_hf(c: dict, source: str = "config.json") -> ModelConfig:
         kw["rope_local_theta"] = _rope(local, source)[0]
         kw.update(norm_offset=1.0, sandwich_norms=True, embed_scale=float(np.float32(math.sqrt(d))),
                   attn_scale=float(c.get("query_pre_attn_scalar", hd)) ** -0.5,
-                  attn_softcap=float(c.get("attn_logit_softcapping") or 0.0),
                   final_softcap=float(c.get("final_logit_softcapping") or 0.0),
                   sliding_window=window, layer_types=tuple(types))
     else:

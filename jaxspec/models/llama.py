@@ -1,7 +1,7 @@
 """Decoder-only transformer as pure functions over a params pytree: the Llama family (Llama 2/3,
 Mistral, Qwen2, Qwen3, SmolLM2) and Gemma 3, one forward with config switches
 (``ModelConfig``: q/k/v bias, q/k norm, RoPE scaling, sliding-window layers with their own RoPE
-base, sandwich norms, embedding scale, GeGLU, soft-capping).
+base, sandwich norms, embedding scale, GeGLU, final-logit soft-capping).
 
 Params layout (Hugging Face conventions: ``y = x @ W`` with ``W[in, out]``; Q/K in the
 "rotate_half" RoPE layout)::
@@ -52,7 +52,6 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -
 
 def attention(
     q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, *, scale: float = 0.0, window: int = 0,
-    softcap: float = 0.0,
 ) -> jax.Array:
     """Grouped-query attention of new queries over the whole cache, causal by position.
 
@@ -63,7 +62,6 @@ def attention(
       scale: score scale; 0 means ``h ** -0.5``.
       window: > 0: query ``t`` also needs ``positions[b, t] - s < window`` (sliding window,
         the same rule as transformers' ``sliding_window_overlay``).
-      softcap: > 0: scores become ``softcap * tanh(scores / softcap)`` before masking.
 
     Returns:
       ``[B, T, H * h]``.
@@ -73,8 +71,6 @@ def attention(
     q = q.reshape(b, t, n_kv, n_heads // n_kv, h)
     scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * scale if scale else scores / np.sqrt(h)
-    if softcap:
-        scores = softcap * jnp.tanh(scores / softcap)
     slots = jnp.arange(k.shape[1])[None, None, :]
     visible = slots <= positions[:, :, None]  # [B, T, S]
     if window:
@@ -104,8 +100,7 @@ def _block(layer: dict, i: int, x, positions, k_cache, v_cache, config: ModelCon
         v_cache = write(v_cache, v, positions[:, 0])
         k_seen, v_seen = k_cache[:, :visible_slots], v_cache[:, :visible_slots]
         window = config.sliding_window if config.is_sliding(i) else 0
-        y = attention(q, k_seen, v_seen, positions, scale=config.attn_scale, window=window,
-                      softcap=config.attn_softcap) @ layer["wo"]
+        y = attention(q, k_seen, v_seen, positions, scale=config.attn_scale, window=window) @ layer["wo"]
         if config.sandwich_norms:
             y = rms_norm(y, layer["post_attn_norm"], eps, off)
         x = x + y
