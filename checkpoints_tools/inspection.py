@@ -49,7 +49,7 @@ def inspect_checkpoint(name_or_path: str):
 
     reader = gguf_loader._open_reader(path)
     meta = gguf_loader._metadata_from_reader(reader, path)
-    config = gguf_loader._config_from_metadata(meta, {t.name for t in reader.tensors}, path)
+    config = gguf_loader._config_from_metadata(meta, {t.name: t for t in reader.tensors}, path)
     infos = [TensorInfo(t.name, tuple(int(d) for d in reversed(list(t.shape))), t.tensor_type.name, int(t.n_bytes))
              for t in reader.tensors]
     return kind, config, infos

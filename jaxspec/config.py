@@ -32,10 +32,13 @@ class RopeScaling:
         divided by ``factor``) or ``"llama3"`` (Meta's Llama 3.1 rule: wavelengths longer than
         ``original_max_position / low_freq_factor`` divided by ``factor``, shorter than
         ``original_max_position / high_freq_factor`` kept, smooth in between; transformers'
-        ``_compute_llama3_parameters``).
+        ``_compute_llama3_parameters``), or ``"factors"`` (each inverse frequency divided by
+        its own entry of ``factors``: how llama.cpp stores Llama 3.1 scaling, as a
+        ``rope_freqs`` tensor).
       factor: context extension factor (> 0).
       low_freq_factor, high_freq_factor: llama3 band edges.
       original_max_position: llama3 pre-extension context length (tokens).
+      factors: ``head_dim / 2`` divisors (``"factors"`` only).
     """
 
     kind: str
@@ -43,10 +46,14 @@ class RopeScaling:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    factors: tuple[float, ...] = ()
 
     def __post_init__(self):
-        if self.kind not in ("linear", "llama3"):
-            raise ValueError(f"RopeScaling.kind must be 'linear' or 'llama3', got {self.kind!r}")
+        object.__setattr__(self, "factors", tuple(float(f) for f in self.factors))
+        if self.kind not in ("linear", "llama3", "factors"):
+            raise ValueError(f"RopeScaling.kind must be 'linear', 'llama3' or 'factors', got {self.kind!r}")
+        if (self.kind == "factors") != bool(self.factors):
+            raise ValueError("RopeScaling.factors must be given exactly when kind is 'factors'")
         if not self.factor > 0:
             raise ValueError(f"RopeScaling.factor must be > 0, got {self.factor}")
 

@@ -152,7 +152,13 @@ def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
     return _metadata_from_reader(_open_reader(path), path)
 
 
-def _config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: str) -> ModelConfig:
+ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1 scaling)
+
+
+def _config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: str) -> ModelConfig:
+    """``ModelConfig`` from GGUF metadata; ``tensors`` (name -> ReaderTensor) decides tied
+    embeddings and supplies ``rope_freqs.weight`` when present."""
+    tensor_names = set(tensors)
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
@@ -178,12 +184,14 @@ def _config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: st
         raise ValueError(f"{path!r}: partial RoPE (rope.dimension_count={rope_dims}, head_dim={head_dim}) is not supported")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-    if (scaling not in ("none", "") and factor != 1.0 and not (arch == "gemma3" and scaling == "linear")) \
-            or "rope_freqs.weight" in tensor_names:
-        raise ValueError(
-            f"{path!r}: RoPE scaling ({scaling!r}, factor {factor}"
-            f"{', rope_freqs tensor' if 'rope_freqs.weight' in tensor_names else ''}) is not supported by ModelConfig"
-        )
+    if scaling not in ("none", "") and factor != 1.0 and not (arch == "gemma3" and scaling == "linear"):
+        raise ValueError(f"{path!r}: RoPE scaling ({scaling!r}, factor {factor}) is not supported by ModelConfig")
+    rope_factors = None
+    if ROPE_FREQS in tensors:
+        factors = _dequantize(tensors[ROPE_FREQS], path).reshape(-1)
+        if factors.shape != (head_dim // 2,):
+            raise ValueError(f"{path!r}: tensor {ROPE_FREQS!r} has shape {factors.shape}, expected ({head_dim // 2},)")
+        rope_factors = RopeScaling("factors", 1.0, factors=tuple(factors.tolist()))
 
     tokens = meta.get("tokenizer.ggml.tokens")
     if tokens is not None:
@@ -198,7 +206,7 @@ def _config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: st
         if key in meta and int(meta[key]) not in eos_ids:
             eos_ids.append(int(meta[key]))
 
-    switches: dict[str, Any] = dict(family=arch, attn_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "gemma3"))
+    switches: dict[str, Any] = dict(family=arch, rope_scaling=rope_factors, attn_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "gemma3"))
     window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
     if arch == "llama" and window:
         switches["sliding_window"] = window
@@ -299,7 +307,7 @@ def read_gguf(path: str | os.PathLike, dtype=None, put=None) -> tuple[dict, Mode
 
     Args:
       path: path to a ``.gguf`` file whose ``general.architecture`` is ``llama`` (Llama 1/2/3
-        without RoPE scaling, Mistral, SmolLM/SmolLM2, TinyLlama, ...), ``qwen2``, ``qwen3`` or
+        with Llama 3.1 scaling as a ``rope_freqs`` tensor, Mistral, SmolLM/SmolLM2, TinyLlama, ...), ``qwen2``, ``qwen3`` or
         ``gemma3`` (text).
       dtype: dtype of every returned array (anything ``jnp.asarray`` accepts). Default:
         ``float32`` when ``jax.default_backend() == "cpu"`` else ``bfloat16``.
@@ -335,13 +343,13 @@ def read_gguf(path: str | os.PathLike, dtype=None, put=None) -> tuple[dict, Mode
     # The reader keeps a numpy view per vocabulary string (~700 MB for Gemma's 262k tokens);
     # the values are in ``meta`` now, so drop them before the tensors are dequantized.
     reader.fields.clear()
-    cfg = _config_from_metadata(meta, set(tensors), path)
+    cfg = _config_from_metadata(meta, tensors, path)
     dtype = default_dtype() if dtype is None else dtype
     put = put or (lambda spec, arr: jnp.asarray(arr, dtype=dtype))
     arch = meta.get("general.architecture")
 
     specs = names.tensor_specs(cfg)
-    unexpected = sorted(set(tensors) - {s.gguf for s in specs})
+    unexpected = sorted(set(tensors) - {s.gguf for s in specs} - {ROPE_FREQS})
     if unexpected:
         raise ValueError(
             f"{path!r}: unexpected tensors for a {arch} model (e.g. biases or extra heads): "

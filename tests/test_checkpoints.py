@@ -52,13 +52,15 @@ def test_orbax_round_trip(tiny_hf, tmp_path, family):
     np.testing.assert_allclose(logits(restored, cfg2), ref, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "llama3_scaled"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_written_by_gguf_package(tiny_hf, tmp_path, family):
     path, ref = tiny_hf(family)
     params, cfg = read_hf(path, dtype=jnp.float32)
     write_gguf(str(tmp_path / "m.gguf"), params, cfg)
     params2, cfg2, _ = read_gguf(str(tmp_path / "m.gguf"), dtype=jnp.float32)
     assert cfg2.layer_types == cfg.layer_types and cfg2.sliding_window == cfg.sliding_window
+    if family == "llama3_scaled":  # stored as llama.cpp does: a rope_freqs tensor of divisors
+        assert cfg2.rope_scaling.kind == "factors" and max(cfg2.rope_scaling.factors) == 8.0
     np.testing.assert_allclose(logits(params2, cfg2), ref, atol=ATOL, rtol=0)
 
 
@@ -71,9 +73,14 @@ def test_gguf_q8_0(tiny_hf, tmp_path):
     assert 1e-4 < err < 0.25  # really quantized, and still the same model
 
 
-def test_gguf_writer_refuses_llama3_scaling(tiny_hf, tmp_path):
-    params, cfg = read_hf(tiny_hf("llama3_scaled")[0], dtype=jnp.float32)
-    with pytest.raises(ValueError, match="llama3 RoPE scaling"):
+def test_gguf_writer_refuses_scaling_without_gguf_form(tiny_hf, tmp_path):
+    import dataclasses
+
+    from jaxspec.config import RopeScaling
+
+    params, cfg = read_hf(tiny_hf("llama")[0], dtype=jnp.float32)
+    cfg = dataclasses.replace(cfg, rope_scaling=RopeScaling("linear", 2.0))
+    with pytest.raises(ValueError, match="linear RoPE scaling of a llama model has no GGUF form"):
         write_gguf(str(tmp_path / "m.gguf"), params, cfg)
 
 

@@ -4,7 +4,8 @@ The inverse of ``jaxspec.gguf_loader.read_gguf``: the same tensor names (``names
 ``[out, in]`` layout, llama.cpp's Q/K row permutation for the ``llama`` architecture, Gemma's
 norms stored as ``1 + w``, and the metadata keys llama.cpp defines (``gguf.Keys``), including
 ``attention.sliding_window_pattern`` (one bool per layer, True = sliding),
-``rope.freq_base_swa``, ``attention.scale`` and ``final_logit_softcapping``. Tensors are written
+``rope.freq_base_swa``, ``attention.scale`` and ``final_logit_softcapping``; Llama 3.1 RoPE
+scaling becomes llama.cpp's ``rope_freqs.weight`` tensor of per-frequency divisors. Tensors are written
 float32 or quantized with ``gguf.quants.quantize`` (e.g. Q8_0). Used by tests and by anyone who
 wants to run a jaxspec checkpoint in llama.cpp.
 """
@@ -50,8 +51,10 @@ def write_gguf(path: str, params: dict, config: ModelConfig, *, quantization: st
         raise FileExistsError(f"destination {path!r} already exists; pass overwrite=True to replace it")
     if config.family not in ARCHITECTURES:
         raise ValueError(f"no GGUF architecture for family {config.family!r} ({', '.join(ARCHITECTURES)})")
-    if config.rope_scaling is not None and (config.family != "gemma3" or config.rope_scaling.kind != "linear"):
-        raise ValueError(f"{config.name}: {config.rope_scaling.kind} RoPE scaling is not written to GGUF here")
+    scaling = config.rope_scaling
+    if scaling is not None and (scaling.kind == "linear") != (config.family == "gemma3"):
+        raise ValueError(f"{config.name}: {scaling.kind} RoPE scaling of a {config.family} model has no GGUF form here "
+                         f"(llama3/factors: llama-like families; linear: gemma3)")
     arch = ARCHITECTURES[config.family]
     qtype = gguf.GGMLQuantizationType[quantization]
     w = gguf.GGUFWriter(path, arch)
@@ -86,6 +89,11 @@ def write_gguf(path: str, params: dict, config: ModelConfig, *, quantization: st
     for key, value in (tokenizer_metadata or {}).items():
         if key.startswith("tokenizer.") and key not in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
             _add_value(w, key, value)
+    if scaling is not None and scaling.kind != "linear":  # llama.cpp: divisors in a rope_freqs tensor
+        from jaxspec.models.rope import inv_freq
+
+        w.add_tensor("rope_freqs.weight", inv_freq(config.head_dim, config.rope_theta)
+                     / inv_freq(config.head_dim, config.rope_theta, scaling))
     for spec in names.tensor_specs(config):
         arr = np.asarray(names.get_leaf(params, spec.path), dtype=np.float32)
         arr = np.ascontiguousarray(arr.T) if spec.transposed else arr

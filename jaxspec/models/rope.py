@@ -20,12 +20,17 @@ def inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) ->
     ``linear``: divided by ``factor`` (position interpolation, Chen et al. 2023).
     ``llama3``: Meta's Llama 3.1 band rule (``transformers`` ``_compute_llama3_parameters``):
     long wavelengths divided by ``factor``, short ones kept, a linear blend between.
+    ``factors``: divided elementwise by ``scaling.factors`` (llama.cpp's ``rope_freqs``).
     """
     freqs = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
     if scaling is None:
         return freqs.astype(np.float32)
     if scaling.kind == "linear":
         return (freqs / scaling.factor).astype(np.float32)
+    if scaling.kind == "factors":
+        if len(scaling.factors) != len(freqs):
+            raise ValueError(f"RopeScaling.factors has {len(scaling.factors)} entries, head_dim / 2 is {len(freqs)}")
+        return (freqs / np.asarray(scaling.factors, np.float32)).astype(np.float32)
     old = scaling.original_max_position
     low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
     wavelen = 2 * np.pi / freqs
