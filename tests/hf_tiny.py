@@ -42,6 +42,12 @@ def hf_config(family: str):
             attn_logit_softcapping=3.0,  # transformers' Gemma 3 ignores it; so must we
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                              "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 4.0}})
+    if family == "gemma3_multimodal":  # Gemma3ForConditionalGeneration: a SigLIP tower + the text model
+        # final soft-capping off: transformers' Gemma3ForConditionalGeneration does not apply it
+        # (only Gemma3ForCausalLM does); real Gemma 3 configs have none.
+        text = {**hf_config("gemma3").to_dict(), "final_logit_softcapping": None}
+        return tf.Gemma3Config(text_config=text, mm_tokens_per_image=4, vision_config=dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14))
     raise ValueError(family)
 
 
@@ -54,6 +60,8 @@ def write_tiny(family: str, path: str, seed: int = 0, max_shard_size: str | None
 
     cfg = hf_config(family)
     cfg._attn_implementation = "eager"
+    if family == "gemma3_multimodal":
+        cfg.text_config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     with torch.no_grad():

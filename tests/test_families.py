@@ -45,6 +45,15 @@ def test_hf_checkpoint_matches_transformers(tiny_hf, family):
     np.testing.assert_allclose(logits(params, cfg), ref, atol=ATOL, rtol=0)
 
 
+def test_multimodal_gemma3_language_model(tiny_hf):
+    """A Gemma3ForConditionalGeneration directory (vision tower + ``language_model.`` prefixes):
+    its language model gives transformers' logits on text-only input."""
+    path, ref = tiny_hf("gemma3_multimodal")
+    params, cfg = read_hf(path, dtype=jnp.float32)
+    assert cfg.family == "gemma3" and cfg.layer_types == ("sliding", "full", "sliding")
+    np.testing.assert_allclose(logits(params, cfg), ref, atol=ATOL, rtol=0)
+
+
 def test_sharded_checkpoint_with_index(tmp_path):
     ref = write_tiny("qwen2", str(tmp_path), max_shard_size="20KB")
     assert os.path.isfile(tmp_path / "model.safetensors.index.json")

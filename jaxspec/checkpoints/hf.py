@@ -2,7 +2,8 @@
 file, or shards listed in ``model.safetensors.index.json``).
 
 Families: ``model_type`` llama (Llama 2/3, SmolLM2), mistral, qwen2, qwen3, gemma3_text
-(Gemma 3). Tensors are read one at a time with ``safetensors.safe_open`` (memory-mapped, numpy),
+(Gemma 3 270M / 1B) and gemma3 (the multimodal Gemma 3 4B+ checkpoints: their language model
+is read, ``language_model.`` prefixes stripped, the vision tower and projector skipped). Tensors are read one at a time with ``safetensors.safe_open`` (memory-mapped, numpy),
 transposed to our ``[in, out]`` layout and cast, so peak host memory stays near one copy of
 the model in the target dtype.
 """
@@ -23,6 +24,20 @@ __all__ = ["config_from_hf", "is_hf_dir", "iter_hf_tensors", "read_hf", "read_hf
 
 FAMILIES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
 INDEX_FILE = "model.safetensors.index.json"
+# Multimodal wrappers (Gemma3ForConditionalGeneration): text-model prefixes and skipped parts.
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."))
+_SKIPPED_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def _text_name(name: str) -> str | None:
+    """The language-model tensor name (``model.layers.0...``), or None for vision tensors."""
+    if name.startswith(_SKIPPED_PREFIXES):
+        return None
+    for old, new in _TEXT_PREFIXES:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
 
 
 def is_hf_dir(path: str) -> bool:
@@ -53,6 +68,9 @@ def config_from_hf(c: dict, source: str = "config.json") -> ModelConfig:
         activations), naming ``source`` and the value.
     """
     mt = c.get("model_type")
+    if mt == "gemma3" and isinstance(c.get("text_config"), dict):  # multimodal: its language model
+        c = {"tie_word_embeddings": c.get("tie_word_embeddings", True), **c["text_config"], "model_type": "gemma3_text"}
+        mt = "gemma3_text"
     if mt not in FAMILIES:
         raise ValueError(f"{source}: unsupported architecture model_type={mt!r} (architectures "
                          f"{c.get('architectures')}); jaxspec reads {', '.join(FAMILIES)}")
@@ -142,27 +160,30 @@ def iter_hf_tensors(path: str, config: ModelConfig) -> Iterator[tuple[names.Tens
     """
     from safetensors import SafetensorError, safe_open
 
-    wm = _weight_map(path)
+    wm = {}  # our HF name -> (file, name in the file)
+    for stored, file in _weight_map(path).items():
+        if (text := _text_name(stored)) is not None:
+            wm[text] = (file, stored)
     specs = names.tensor_specs(config)
     expected = {s.hf for s in specs}
     extra = sorted(k for k in wm if k not in expected and not k.endswith("rotary_emb.inv_freq"))
     if config.tie_embeddings:
         extra = [k for k in extra if k != "lm_head.weight"]  # some exports write the tied copy
     if extra:
-        raise ValueError(f"{wm[extra[0]]!r}: unexpected tensors for {config.family} "
+        raise ValueError(f"{wm[extra[0]][0]!r}: unexpected tensors for {config.family} "
                          f"({config.name}): {extra[:6]}{' ...' if len(extra) > 6 else ''}")
     missing = [s for s in specs if s.hf not in wm]
     if missing:
         raise ValueError(f"{path!r}: missing tensor {missing[0].hf!r} (needed for {'/'.join(map(str, missing[0].path))})")
-    last_use = {wm[s.hf]: i for i, s in enumerate(specs)}  # close (unmap) each file after its last tensor
+    last_use = {wm[s.hf][0]: i for i, s in enumerate(specs)}  # close (unmap) each file after its last tensor
     handles: dict[str, object] = {}
     try:
         for i, spec in enumerate(specs):
-            file = wm[spec.hf]
+            file, stored = wm[spec.hf]
             try:
                 if file not in handles:
                     handles[file] = safe_open(file, framework="numpy")
-                arr = handles[file].get_tensor(spec.hf)
+                arr = handles[file].get_tensor(stored)
             except (SafetensorError, OSError, ValueError) as e:
                 raise ValueError(f"{file!r}: cannot read tensor {spec.hf!r} (truncated or corrupt file?): {e}") from e
             if last_use[file] == i:
