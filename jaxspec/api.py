@@ -54,7 +54,7 @@ def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
       FileNotFoundError: the path does not exist, or the package that ships the named model
         is not installed (the message gives the command that installs it).
     """
-    from jaxspec.checkpoints import loading, orbax_io
+    from jaxspec.checkpoints import loading
 
     path = loading.resolve(name_or_path)
     if dtype is None and loading.checkpoint_kind(path) != "orbax":
