@@ -137,6 +137,25 @@ def inputs_factory():
     return make_inputs
 
 
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """``fn(family) -> (path, transformers logits)``: a tiny random checkpoint written by
+    transformers' ``save_pretrained`` (``tests/hf_tiny.py``), written once per session."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_tiny import write_tiny
+
+    root, made = tmp_path_factory.mktemp("hf"), {}
+
+    def get(family: str):
+        if family not in made:
+            path = str(root / family)
+            made[family] = (path, write_tiny(family, path))
+        return made[family]
+
+    return get
+
+
 @pytest.fixture(autouse=True, scope="module")
 def release_compiled_programs():
     """Drop every compiled program after each test module.
