@@ -90,3 +90,22 @@ def test_speculative_greedy_equals_plain(name):
     spec = jaxspec.generate(model, PROMPTS, max_new_tokens=NEW_TOKENS, drafter=drafter, drafter_params=drafter_params)
     assert spec.tokens == base.tokens
     assert int(spec.metrics.accepted.sum()) > 0, "no draft token was ever accepted: the comparison would be vacuous"
+
+
+def test_stop_string_with_sentencepiece_tokens():
+    """Stop strings on a SentencePiece vocabulary: each id's bytes ("▁" -> space, <0xXX> -> one
+    byte) concatenate to the decoded text, and a stop string taken from the middle of the
+    greedy output (spanning tokens 7-8) ends speculative and plain output at the same token,
+    the text cut just before it."""
+    tk = gemma().tokenizer
+    ids = tk.encode("Grüße, naïve café 日本語 🙂 12345\n\t done")
+    assert b"".join(tk.token_bytes()[i] for i in ids).decode() == tk.decode(ids)
+    base = plain()
+    text = base.texts[0]
+    head = tk.decode(base.tokens[0][:8])
+    stop = head[-2:] + tk.decode(base.tokens[0][:9])[len(head):][:2]
+    assert text.find(stop) == len(head) - 2, "pick a stop string that first occurs across tokens 7-8"
+    for drafter in (None, jaxspec.NGramDrafter(gamma=4)):
+        r = jaxspec.generate(gemma(), PROMPTS[:1], max_new_tokens=NEW_TOKENS, drafter=drafter, stop=[stop])
+        assert r.tokens[0] == base.tokens[0][:9] and r.texts[0] == text[: len(head) - 2], drafter
+        assert r.stop_reasons == [stop]
