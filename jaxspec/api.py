@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxspec import engine
 from jaxspec.config import ModelConfig, SamplingConfig, default_dtype
+from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.metrics import Metrics
 from jaxspec.sampling import SamplingParams
 
@@ -173,6 +174,7 @@ def _token_table(tokenizer, vocab_size: int):
 
 
 _COMPILED: dict = {}
+_PAIRED: set = set()  # (id(target Model), id(draft Model)) already checked by check_pair
 
 
 def generate(
@@ -204,7 +206,8 @@ def generate(
       sampling: a ``SamplingConfig``; default greedy, 128 new tokens, stop at EOS.
       config, tokenizer: needed only when ``model`` is a bare params pytree.
       drafter: ``None`` for plain decoding, or a drafter from ``jaxspec.drafters``.
-      drafter_params: the draft model's params (or ``Model``) for ``ModelDrafter``.
+      drafter_params: the draft model's params, or its ``Model`` (then, with a ``Model``
+        target, ``jaxspec.check_pair`` also compares the two tokenizers token by token).
       chat: wrap each text prompt in the tokenizer's chat template as a user turn.
       max_len: longest sequence (prompt + new tokens) allowed; default the model's context.
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
@@ -234,6 +237,9 @@ def generate(
         if config is None:
             raise ValueError("config is required when model is a params pytree")
     if isinstance(drafter_params, Model):
+        if isinstance(model, Model) and (id(model), id(drafter_params)) not in _PAIRED:
+            check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
+            _PAIRED.add((id(model), id(drafter_params)))
         drafter_params = drafter_params.params
     prompts = _prompt_ids(prompt, tokenizer, chat)
     for i, r in enumerate(prompts):

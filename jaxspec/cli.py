@@ -104,7 +104,7 @@ def _make_drafter(args, model, load):
     if not args.draft_model:
         raise SystemExit("error: --drafter model needs --draft-model NAME_OR_PATH")
     draft = load(args.draft_model)
-    return jaxspec.ModelDrafter(draft.config, gamma=args.gamma), draft.params
+    return jaxspec.ModelDrafter(draft.config, gamma=args.gamma), draft  # a Model: generate checks the pairing
 
 
 def _sampling(args):

@@ -345,3 +345,19 @@ def test_truncation_thresholds_equal_sorting():
         np.testing.assert_array_equal(ours[i] > 0, keep, err_msg=f"row {i}: k {top_k[i]} p {top_p[i]} min_p {min_p[i]}")
         np.testing.assert_allclose(ours[i], expect, atol=1e-6)
     assert len({int((ours[i] > 0).sum()) for i in range(b)}) > 10  # the settings really vary the kept sets
+
+
+def test_draft_model_with_another_tokenizer_is_refused(tiny, tok):
+    """A draft ``Model`` whose tokenizer spells an id differently (same vocabulary size) is
+    refused by ``generate`` before compiling, naming the id and both strings."""
+    other = Tokenizer(TOKENS[:-2] + TOKENS[-1:] + TOKENS[-2:-1], merges=[], name="swapped")
+    target = jaxspec.Model(tiny.params, tiny.cfg, tok)
+    draft = jaxspec.Model(tiny.draft_params, tiny.draft_cfg, other)
+    n = len(jaxspec.api._COMPILED)
+    with pytest.raises(ValueError, match=r"draft model token 62 is 'it' .* but the target's is 'ne'"):
+        jaxspec.generate(target, [[1, 2]], drafter=jaxspec.ModelDrafter(tiny.draft_cfg, gamma=2), drafter_params=draft)
+    assert len(jaxspec.api._COMPILED) == n
+    same = jaxspec.Model(tiny.draft_params, tiny.draft_cfg, tok)
+    r = jaxspec.generate(target, [[1, 2]], drafter=jaxspec.ModelDrafter(tiny.draft_cfg, gamma=2), drafter_params=same,
+                         max_new_tokens=4)
+    assert len(r.tokens[0]) == 4

@@ -147,8 +147,28 @@ def _weight_map(path: str) -> dict[str, str]:
             with safe_open(full, framework="numpy") as f:
                 out.update({k: full for k in f.keys()})
         except (SafetensorError, OSError, ValueError) as e:
-            raise ValueError(f"{full!r} is not a readable safetensors file (truncated or corrupt): {e}") from e
+            raise ValueError(
+                f"{full!r} is not a readable safetensors file (truncated or corrupt){_first_cut_tensor(full)}: {e}"
+            ) from e
     return out
+
+
+def _first_cut_tensor(path: str) -> str:
+    """For an error message once ``safetensors`` refused ``path``: which tensor the file ends
+    inside, from the format's JSON header (an 8-byte little-endian length, then JSON with
+    each tensor's ``data_offsets`` after the header); "" when the header itself is unreadable."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        ends = sorted((v["data_offsets"][1], k) for k, v in header.items() if k != "__metadata__")
+        for end, name in ends:
+            if 8 + n + end > size:
+                return f": tensor {name!r} needs bytes up to {8 + n + end}, the file has {size}"
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass
+    return ""
 
 
 def iter_hf_tensors(path: str, config: ModelConfig) -> Iterator[tuple[names.TensorSpec, np.ndarray]]:
