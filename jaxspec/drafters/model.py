@@ -36,8 +36,9 @@ class ModelDrafter:
       gamma: draft tokens per step (>= 1).
 
     Raises:
-      ValueError: ``gamma`` < 1 (at construction); vocabulary sizes differ, or no draft params
-        (at ``validate``, before any compile).
+      ValueError: ``gamma`` < 1 (at construction); vocabulary sizes, BOS or EOS ids differ, or
+        no draft params (at ``validate``, before any compile). ``jaxspec.check_pair`` also
+        compares the tokenizers' strings of two loaded models.
     """
 
     config: ModelConfig
@@ -50,12 +51,9 @@ class ModelDrafter:
         return drafter_params
 
     def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
-        if self.config.vocab_size != target_config.vocab_size:
-            raise ValueError(
-                f"draft model vocabulary ({self.config.vocab_size} tokens, {self.config.name}) differs from "
-                f"the target's ({target_config.vocab_size} tokens, {target_config.name}); a draft model must "
-                "share the target's tokenizer"
-            )
+        from jaxspec.checkpoints.pairing import check_configs
+
+        check_configs(target_config, self.config)  # vocabulary size, BOS, EOS
         if drafter_params is None:
             raise ValueError("ModelDrafter needs drafter_params (the draft model's weights)")
 

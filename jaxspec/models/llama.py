@@ -1,4 +1,7 @@
-"""Llama-family decoder (Llama 2/3, Mistral, SmolLM2) as pure functions over a params pytree.
+"""Decoder-only transformer as pure functions over a params pytree: the Llama family (Llama 2/3,
+Mistral, Qwen2, Qwen3, SmolLM2) and Gemma 3, one forward with config switches
+(``ModelConfig``: q/k/v bias, q/k norm, RoPE scaling, sliding-window layers with their own RoPE
+base, sandwich norms, embedding scale, GeGLU, soft-capping).
 
 Params layout (Hugging Face conventions: ``y = x @ W`` with ``W[in, out]``; Q/K in the
 "rotate_half" RoPE layout)::
@@ -6,9 +9,18 @@ Params layout (Hugging Face conventions: ``y = x @ W`` with ``W[in, out]``; Q/K 
     {"embed": [V, D],
      "layers": [{"attn_norm": [D], "wq": [D, H*hd], "wk": [D, KV*hd], "wv": [D, KV*hd],
                  "wo": [H*hd, D], "mlp_norm": [D], "w_gate": [D, F], "w_up": [D, F],
-                 "w_down": [F, D]}, ...],          # one dict per layer, unrolled
+                 "w_down": [F, D],
+                 # attn_bias:      "bq": [H*hd], "bk": [KV*hd], "bv": [KV*hd]
+                 # qk_norm:        "q_norm": [hd], "k_norm": [hd]
+                 # sandwich_norms: "post_attn_norm": [D], "post_mlp_norm": [D]
+                 }, ...],          # one dict per layer, unrolled
      "final_norm": [D],
      "lm_head": [D, V]}                            # absent when embeddings are tied
+
+Sliding-window layers (Mistral, Gemma 3 local layers) keep the full static-shape cache and
+mask keys older than the window by position, so a T-token verify sees exactly what T
+one-token steps would, and speculation stays lossless (a ring buffer would save memory but
+make rejected drafts overwrite live keys).
 
 Layers are a Python list, not stacked: DESIGN.md measured unrolled layers 1.5x faster than
 ``lax.scan`` over stacked weights on H200; the price is compile time linear in depth.
@@ -19,47 +31,39 @@ G = H / K query heads per KV head, h head dim, F MLP width, V vocabulary.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.cache import KVCache, write
 from jaxspec.config import ModelConfig
+from jaxspec.models import rope
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-    """RMSNorm (Zhang & Sennrich 2019), statistics in float32: ``x / rms(x) * weight``."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
+    """RMSNorm (Zhang & Sennrich 2019) over the last axis, in float32:
+    ``x / rms(x) * (offset + weight)`` (Gemma stores ``weight - 1``: offset 1)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+    return (y * (offset + weight.astype(jnp.float32))).astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding (Su et al. 2021), "rotate_half" layout.
-
-    Args:
-      x: ``[B, T, N, h]`` queries or keys.
-      positions: int32 ``[B, T]`` absolute positions.
-      theta: RoPE base.
-    """
-    h = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (np.arange(0, h, 2, dtype=np.float32) / h))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, h/2]
-    cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, :, None, :]
-    sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * cos + rotated * sin).astype(x.dtype)
-
-
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array) -> jax.Array:
+def attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, *, scale: float = 0.0, window: int = 0,
+    softcap: float = 0.0,
+) -> jax.Array:
     """Grouped-query attention of new queries over the whole cache, causal by position.
 
     Args:
       q: ``[B, T, H, h]``; k, v: ``[B, S, K, h]`` (cache, new tokens already written).
       positions: int32 ``[B, T]``; query ``t`` sees cache slots ``s <= positions[b, t]``, so
         stale slots past a sequence's length are never read.
+      scale: score scale; 0 means ``h ** -0.5``.
+      window: > 0: query ``t`` also needs ``positions[b, t] - s < window`` (sliding window,
+        the same rule as transformers' ``sliding_window_overlay``).
+      softcap: > 0: scores become ``softcap * tanh(scores / softcap)`` before masking.
 
     Returns:
       ``[B, T, H * h]``.
@@ -67,31 +71,51 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array) ->
     b, t, n_heads, h = q.shape
     n_kv = k.shape[2]
     q = q.reshape(b, t, n_kv, n_heads // n_kv, h)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32) / np.sqrt(h)
-    visible = jnp.arange(k.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores * scale if scale else scores / np.sqrt(h)
+    if softcap:
+        scores = softcap * jnp.tanh(scores / softcap)
+    slots = jnp.arange(k.shape[1])[None, None, :]
+    visible = slots <= positions[:, :, None]  # [B, T, S]
+    if window:
+        visible &= slots > positions[:, :, None] - window
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", weights, v)
     return out.reshape(b, t, n_heads * h)
 
 
-def _block(layer: dict, x, positions, k_cache, v_cache, config: ModelConfig, visible_slots: int | None):
+def _block(layer: dict, i: int, x, positions, k_cache, v_cache, config: ModelConfig, visible_slots: int | None):
     b, t, _ = x.shape
-    hd = config.head_dim
+    hd, eps, off = config.head_dim, config.norm_eps, config.norm_offset
     with jax.named_scope("attention"):
-        y = rms_norm(x, layer["attn_norm"], config.norm_eps)
-        q = (y @ layer["wq"]).reshape(b, t, config.n_heads, hd)
-        k = (y @ layer["wk"]).reshape(b, t, config.n_kv_heads, hd)
-        v = (y @ layer["wv"]).reshape(b, t, config.n_kv_heads, hd)
-        q = rope(q, positions, config.rope_theta)
-        k = rope(k, positions, config.rope_theta)
+        y = rms_norm(x, layer["attn_norm"], eps, off)
+        q, k, v = y @ layer["wq"], y @ layer["wk"], y @ layer["wv"]
+        if config.attn_bias:
+            q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+        q = q.reshape(b, t, config.n_heads, hd)
+        k = k.reshape(b, t, config.n_kv_heads, hd)
+        v = v.reshape(b, t, config.n_kv_heads, hd)
+        if config.qk_norm:
+            q, k = rms_norm(q, layer["q_norm"], eps, off), rms_norm(k, layer["k_norm"], eps, off)
+        freqs = rope.layer_inv_freq(config, i)
+        q, k = rope.apply(q, positions, freqs), rope.apply(k, positions, freqs)
         k_cache = write(k_cache, k, positions[:, 0])
         v_cache = write(v_cache, v, positions[:, 0])
         k_seen, v_seen = k_cache[:, :visible_slots], v_cache[:, :visible_slots]
-        x = x + attention(q, k_seen, v_seen, positions) @ layer["wo"]
+        window = config.sliding_window if config.is_sliding(i) else 0
+        y = attention(q, k_seen, v_seen, positions, scale=config.attn_scale, window=window,
+                      softcap=config.attn_softcap) @ layer["wo"]
+        if config.sandwich_norms:
+            y = rms_norm(y, layer["post_attn_norm"], eps, off)
+        x = x + y
     with jax.named_scope("mlp"):
-        y = rms_norm(x, layer["mlp_norm"], config.norm_eps)
-        x = x + (jax.nn.silu(y @ layer["w_gate"]) * (y @ layer["w_up"])) @ layer["w_down"]
+        y = rms_norm(x, layer["mlp_norm"], eps, off)
+        act = jax.nn.silu if config.activation == "silu" else functools.partial(jax.nn.gelu, approximate=True)
+        y = (act(y @ layer["w_gate"]) * (y @ layer["w_up"])) @ layer["w_down"]
+        if config.sandwich_norms:
+            y = rms_norm(y, layer["post_mlp_norm"], eps, off)
+        x = x + y
     return x, k_cache, v_cache
 
 
@@ -118,22 +142,27 @@ def forward_hidden(
       ``(hidden [B, T, D] after the final norm, updated cache)``.
     """
     x = jnp.take(params["embed"], tokens, axis=0)
+    if config.embed_scale != 1.0:
+        x = x * jnp.asarray(config.embed_scale, x.dtype)
     ks, vs = [], []
     for i, layer in enumerate(params["layers"][: config.n_layers]):
         with jax.named_scope(f"layer_{i}"):
-            x, k, v = _block(layer, x, positions, cache.k[i], cache.v[i], config, visible_slots)
+            x, k, v = _block(layer, i, x, positions, cache.k[i], cache.v[i], config, visible_slots)
         ks.append(k)
         vs.append(v)
-    x = rms_norm(x, params["final_norm"], config.norm_eps)
+    x = rms_norm(x, params["final_norm"], config.norm_eps, config.norm_offset)
     return x, KVCache(k=tuple(ks), v=tuple(vs))
 
 
 def logits_from_hidden(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
-    """Output head: float32 logits ``[..., V]`` from final hidden states ``[..., D]``."""
+    """Output head: float32 logits ``[..., V]`` from final hidden states ``[..., D]``, soft-capped
+    (``cap * tanh(logits / cap)``) when ``config.final_softcap`` > 0."""
     if config.tie_embeddings:
         out = jnp.einsum("...d,vd->...v", hidden, params["embed"], preferred_element_type=jnp.float32)
     else:
         out = jnp.einsum("...d,dv->...v", hidden, params["lm_head"], preferred_element_type=jnp.float32)
+    if config.final_softcap:
+        out = config.final_softcap * jnp.tanh(out / config.final_softcap)
     return out
 
 
@@ -154,18 +183,42 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: f
         "wo": (config.n_heads * hd, d), "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d),
     }
     keys = iter(jax.random.split(key, 2 + config.n_layers * len(shapes)))
+    extra_keys = iter(jax.random.split(jax.random.fold_in(key, 1), 3 * config.n_layers))
 
-    def dense(shape, fan_in):
+    def dense(shape, fan_in, keys=keys):
         return (jax.random.normal(next(keys), shape) * scale / np.sqrt(fan_in)).astype(dtype)
 
+    def norm(shape):  # the identity map, whatever the stored offset
+        return jnp.full(shape, 1.0 - config.norm_offset, dtype)
+
     layers = []
-    for _ in range(config.n_layers):
+    for i in range(config.n_layers):
         layer = {name: dense(shape, shape[0]) for name, shape in shapes.items()}
-        layer["attn_norm"] = jnp.ones((d,), dtype)
-        layer["mlp_norm"] = jnp.ones((d,), dtype)
+        for name, shape in param_shapes(config)["layers"][i].items():
+            if name not in layer:  # norms: the identity; q/k/v biases: random like a weight row
+                layer[name] = norm(shape) if "norm" in name else dense(shape, d, extra_keys)
         layers.append(layer)
     params = {"embed": jax.random.normal(next(keys), (config.vocab_size, d)).astype(dtype), "layers": layers,
-              "final_norm": jnp.ones((d,), dtype)}
+              "final_norm": norm((d,))}
     if not config.tie_embeddings:
         params["lm_head"] = dense((d, config.vocab_size), d)
     return params
+
+
+def param_shapes(config: ModelConfig) -> dict:
+    """The params pytree of ``config`` with shape tuples as leaves (the layout above)."""
+    d, f, hd = config.dim, config.ffn_dim, config.head_dim
+    q_out, kv_out = config.n_heads * hd, config.n_kv_heads * hd
+    layer = {"attn_norm": (d,), "wq": (d, q_out), "wk": (d, kv_out), "wv": (d, kv_out), "wo": (q_out, d),
+             "mlp_norm": (d,), "w_gate": (d, f), "w_up": (d, f), "w_down": (f, d)}
+    if config.attn_bias:
+        layer.update(bq=(q_out,), bk=(kv_out,), bv=(kv_out,))
+    if config.qk_norm:
+        layer.update(q_norm=(hd,), k_norm=(hd,))
+    if config.sandwich_norms:
+        layer.update(post_attn_norm=(d,), post_mlp_norm=(d,))
+    shapes = {"embed": (config.vocab_size, d), "layers": [dict(layer) for _ in range(config.n_layers)],
+              "final_norm": (d,)}
+    if not config.tie_embeddings:
+        shapes["lm_head"] = (d, config.vocab_size)
+    return shapes

