@@ -144,8 +144,10 @@ def _signature(tree) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None):
-    def packed(target, drafter_params, inputs):
+def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None, plan=None):
+    """The jitted program; with a ``sharding.Plan`` it runs under ``jax.shard_map`` on the
+    plan's mesh, each shard with its per-shard config and drafter."""
+    def packed(target, drafter_params, inputs, config=config, drafter=drafter):
         s = engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter, max_len=max_len,
                                logprobs=logprobs)
         counts = jnp.stack([s.seq_lens, s.n_steps, s.n_drafted, s.n_accepted], axis=1)
@@ -156,7 +158,9 @@ def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.Logprob
             parts += [as_int(s.logprobs.chosen), s.logprobs.top_ids.reshape(b, -1), as_int(s.logprobs.top)]
         return jnp.concatenate(parts, axis=1)  # one array: one transfer
 
-    return jax.jit(packed)
+    if plan is None:
+        return jax.jit(packed)
+    return jax.jit(plan.wrap(functools.partial(packed, config=plan.config, drafter=plan.drafter)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -186,6 +190,8 @@ def generate(
     drafter_params=None,
     chat: bool = False,
     max_len: int | None = None,
+    mesh=None,
+    shard_drafter: bool = False,
     **settings,
 ) -> GenerationResult:
     """Generate continuations of one or several prompts, speculatively when given a drafter.
@@ -207,6 +213,13 @@ def generate(
       drafter_params: the draft model's params (or ``Model``) for ``ModelDrafter``.
       chat: wrap each text prompt in the tokenizer's chat template as a user turn.
       max_len: longest sequence (prompt + new tokens) allowed; default the model's context.
+      mesh: a ``("data", "model")`` mesh (``jaxspec.make_mesh``): the whole generation runs as
+        one program under ``jax.shard_map``, the target tensor-parallel over ``model``, batch
+        rows over ``data`` (padded to a multiple of it); same tokens as without a mesh, for
+        the same seed (``jaxspec.sharding``). Params are placed with ``shard_params`` unless
+        they already are (place them once, or ``load(..., mesh=)``, to skip the copy).
+      shard_drafter: split a ``ModelDrafter``'s weights over ``model`` too (default:
+        replicated, it is small).
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
         ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\n\n"], n=4, logprobs=5``.
 
@@ -217,7 +230,8 @@ def generate(
       ValueError: empty prompt, token id outside the vocabulary, a sampling setting out of
         range (named, with its range), prompt + ``max_new_tokens`` over ``max_len``, stop
         strings without a tokenizer, drafter that does not fit the target (e.g. vocabulary
-        mismatch). All before anything is compiled.
+        mismatch), a mesh whose ``model`` axis does not divide the heads, MLP width or
+        vocabulary. All before anything is compiled.
       TypeError: an unknown setting.
     """
     from jaxspec import stopping
@@ -262,6 +276,18 @@ def generate(
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
     if drafter is not None:
         drafter.validate(config, drafter_params)
+    plan, real_rows = None, rows
+    if mesh is not None:
+        from jaxspec import sharding
+
+        plan = sharding.plan(mesh, config, drafter, shard_drafter)
+        pad = _round_up(b, plan.data) - b  # extra one-token rows, dropped from the results
+        if pad:
+            more = lambda x, fill=None: np.concatenate([x, np.full(pad, x[0] if fill is None else fill, x.dtype)])  # noqa: E731
+            rows = rows + [rows[0]] * pad
+            lens, max_new, seeds = more(lens), more(max_new, 1), more(seeds)
+            per_row = lambda name, per_row=per_row: more(per_row(name))  # noqa: E731
+    elif drafter is not None:
         drafter_params = drafter.select_params(params, drafter_params)
     gamma = 0 if drafter is None else drafter.gamma
     stops = list(dict.fromkeys(([] if sc.ignore_eos else list(config.eos_ids)) + list(sc.stop_token_ids)))
@@ -274,6 +300,7 @@ def generate(
 
     p = _round_up(int(lens.max()), PROMPT_BUCKET)
     cache_len = _round_up(p + int(max_new.max()) + gamma + 1, CACHE_BUCKET)
+    b = len(rows)
     prompt_arr = np.zeros((b, p), np.int32)
     for i, r in enumerate(rows):
         prompt_arr[i, : len(r)] = r
@@ -288,16 +315,20 @@ def generate(
         stops=stopping.make_tables(list(sc.stop), _token_table(tokenizer if sc.stop else None, config.vocab_size)),
     )
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
-    fn = _jitted(config, drafter, cache_len, lp_spec)
-    key = (config, drafter, cache_len, lp_spec, _signature((params, drafter_params, inputs)))
+    if plan is not None:
+        params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
+    fn = _jitted(config, drafter, cache_len, lp_spec, plan)
+    key = (config, drafter, cache_len, lp_spec, _signature((params, drafter_params, inputs))) + ((plan,) if plan else ())
     compile_s = 0.0
     if key not in _COMPILED:
         t0 = time.perf_counter()
         _COMPILED[key] = fn.lower(params, drafter_params, inputs).compile()
         compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out = np.asarray(jax.device_get(_COMPILED[key](params, drafter_params, inputs)))
+    out = np.asarray(_COMPILED[key](params, drafter_params, inputs).addressable_data(0))  # replicated under a mesh
     run_s = time.perf_counter() - t0
+    if len(rows) > len(real_rows):
+        out, rows, lens = out[: len(real_rows)], real_rows, lens[: len(real_rows)]
     return _unpack(out, sc, rows, lens, cache_len, gamma, tokenizer, stops, compile_s, run_s)
 
 

@@ -92,6 +92,10 @@ class ModelConfig:
         ``query_pre_attn_scalar ** -0.5``).
       attn_softcap: > 0: scores become ``cap * tanh(scores / cap)`` (Gemma 2); 0: off.
       final_softcap: > 0: logits become ``cap * tanh(logits / cap)``; 0: off.
+      tp_axis: runtime only, never saved: the ``jax.shard_map`` mesh axis this config's params
+        are split over (Megatron tensor parallelism, ``jaxspec.sharding``); then ``n_heads``,
+        ``n_kv_heads`` and ``ffn_dim`` count one shard's part and the model sums partial
+        results over the axis. ``""``: unsharded.
     """
 
     vocab_size: int
@@ -122,6 +126,7 @@ class ModelConfig:
     attn_scale: float = 0.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    tp_axis: str = ""
 
     def __post_init__(self):
         for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
@@ -158,6 +163,7 @@ class ModelConfig:
     def to_dict(self) -> dict:
         """JSON-ready dict; ``ModelConfig.from_dict`` inverts it."""
         d = dataclasses.asdict(self)
+        del d["tp_axis"]  # how a run is split, not what the checkpoint holds
         d["eos_ids"], d["layer_types"] = list(self.eos_ids), list(self.layer_types)
         return d
 
