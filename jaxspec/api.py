@@ -48,18 +48,34 @@ def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
         keep their saved dtype unless one is given.
       mesh, specs: a ``jax.sharding.Mesh`` and ``fn(TensorSpec) -> PartitionSpec`` (or a params-
         shaped pytree of them): orbax checkpoints restore straight onto these shards; other
-        sources are placed after loading. Default specs: ``orbax_io.default_specs``.
+        sources are placed after loading. Without ``specs``, a ``("data", "model")`` mesh
+        (``jaxspec.make_mesh``) gives the params as
+        ``generate(..., mesh=mesh)`` runs them (``jaxspec.sharding.shard_params``: tensor
+        parallel over ``model``, replicated over ``data``), read shard by shard on every host.
 
     Raises:
-      ValueError: unknown model name, unsupported architecture, corrupt file (named).
+      ValueError: unknown model name, unsupported architecture, corrupt file (named); a mesh
+        whose ``model`` axis does not divide the heads, MLP width or vocabulary.
       FileNotFoundError: the path does not exist, or the package that ships the named model
         is not installed (the message gives the command that installs it).
     """
     from jaxspec.checkpoints import loading, orbax_io
 
     path = loading.resolve(name_or_path)
-    if dtype is None and loading.checkpoint_kind(path) != "orbax":
+    kind = loading.checkpoint_kind(path)
+    if dtype is None and kind != "orbax":
         dtype = default_dtype()
+    from jaxspec import sharding
+
+    if mesh is not None and specs is None and tuple(mesh.axis_names) == sharding.AXES:
+        # jaxspec's own layout (jaxspec.sharding): orbax restores straight onto it, other
+        # sources are placed after reading; KV heads are repeated when the model axis needs it.
+        config = orbax_io.read_manifest(path)["config"] if kind == "orbax" else None
+        ckpt_specs = None if config is None else sharding.checkpoint_specs(config, mesh)
+        params, config, tokenizer = loading.load_checkpoint(path, dtype=dtype, mesh=mesh if ckpt_specs else None,
+                                                            specs=ckpt_specs)
+        params = sharding.shard_params(params, config, mesh)
+        return Model(params=params, config=config, tokenizer=tokenizer)
     params, config, tokenizer = loading.load_checkpoint(path, dtype=dtype, mesh=mesh, specs=specs)
     return Model(params=params, config=config, tokenizer=tokenizer)
 

@@ -1,0 +1,165 @@
+"""Helper of ``test_sharding.py``: runs sharded generation on virtual CPU devices in its own
+process (the device count must be fixed before JAX starts, so not inside pytest) and prints
+one JSON object on its last stdout line.
+
+    python tests/sharded_cases.py single            # 8 devices: every case, its unsharded
+                                                    # reference, placement and error checks
+    python tests/sharded_cases.py multi PORT RANK   # one of 2 processes x 4 devices
+                                                    # (jax.distributed, loopback coordinator)
+
+The tiny target has 8 query heads and 2 KV heads, so a ``model`` axis of 4 or 8 exercises
+the repeated KV heads; its MLP width and vocabulary divide by 8.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+MODE = sys.argv[1] if __name__ == "__main__" else "import"  # imported by the test: constants only
+if MODE == "single":
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+
+if MODE == "multi":
+    from jaxspec import launch
+
+    launch.initialize(f"localhost:{sys.argv[2]}", 2, int(sys.argv[3]), cpu_devices=4)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxspec  # noqa: E402
+import jaxspec.api  # noqa: E402
+from jaxspec import sharding  # noqa: E402
+from jaxspec.models import llama  # noqa: E402
+
+TARGET = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=4, ffn_dim=64,
+                             max_position=512, name="tp-target")
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5], [9], [11, 12, 13, 14, 15, 11, 12, 13], [3, 4, 3, 4]]
+# Batch 4: rows 0-1 greedy, rows 2-3 sampled (one program serves both: temperature is a per-row array).
+TEMPS = {4: [0.0, 0.0, 1.0, 0.7], 1: None}
+# (name, (data, model), drafter kind, batch, temperature for batch 1, shard_drafter). Each mesh
+# meets each drafter kind at batch 4 or batch 1 (compiles dominate: one per case + references).
+CASES = [
+    ("1x8-model_sharded-b4", (1, 8), "model", 4, None, True),
+    ("2x4-ngram-b4", (2, 4), "ngram", 4, None, False),
+    ("4x2-early_exit-b4", (4, 2), "early_exit", 4, None, False),
+    ("8x1-model-b4", (8, 1), "model", 4, None, False),
+    ("1x8-plain-b1", (1, 8), "plain", 1, 0.0, False),
+    ("2x4-model-b1", (2, 4), "model", 1, 1.0, False),
+    ("4x2-ngram-b1", (4, 2), "ngram", 1, 1.0, False),
+    ("8x1-early_exit-b1", (8, 1), "early_exit", 1, 0.0, False),
+]
+MULTI_CASES = ("2x4-ngram-b4", "1x8-plain-b1")  # also run by two processes
+
+
+def models():
+    params = llama.init_params(TARGET, jax.random.key(0), scale=1.0)
+    # draft model: the target plus 10% noise, so drafts are often (not always) accepted
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.key(2), len(leaves))
+    noisy = [x + 0.1 * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    return params, jax.tree_util.tree_unflatten(tree, noisy)
+
+
+def drafter(kind, draft_params):
+    return {"plain": (None, None), "ngram": (jaxspec.NGramDrafter(gamma=3, min_n=1), None),
+            "early_exit": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3), None),
+            "model": (jaxspec.ModelDrafter(TARGET, gamma=3), draft_params)}[kind]
+
+
+def run(params, draft_params, case, mesh=None):
+    _, _, kind, batch, temp, shard_drafter = case
+    d, dp = drafter(kind, draft_params)
+    out = jaxspec.generate(params, PROMPTS[:batch], config=TARGET, drafter=d, drafter_params=dp, max_new_tokens=10,
+                           ignore_eos=True, temperature=TEMPS[batch] or temp, seed=3, mesh=mesh,
+                           shard_drafter=shard_drafter)
+    return {"tokens": out.tokens, "accepted": out.metrics.accepted.tolist(), "drafted": out.metrics.drafted.tolist()}
+
+
+def placement(params):
+    """Bytes per device after ``shard_params`` on two meshes, with the parts the test needs to
+    predict them: all bytes, replicated norm bytes, wk/wv bytes (repeated when KV < model)."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    total = sum(x.nbytes for _, x in leaves)
+    norms = sum(x.nbytes for p, x in leaves if "norm" in p[-1].key)
+    kv = sum(x.nbytes for p, x in leaves if p[-1].key in ("wk", "wv"))
+    out = {"total": total, "norms": norms, "kv": kv}
+    for shape in [(1, 8), (4, 2)]:
+        placed = sharding.shard_params(params, TARGET, sharding.make_mesh(*shape))
+        out["x".join(map(str, shape))] = sorted(sharding.device_bytes(placed).values())
+    return out
+
+
+def errors(params):
+    """Messages of bad meshes, and whether anything was compiled before they were raised."""
+    mesh18 = sharding.make_mesh(1, 8)
+    bad = {
+        "heads": (dict(TARGET.__dict__, n_heads=4, n_kv_heads=2), mesh18),
+        "kv_heads": (dict(TARGET.__dict__, n_heads=6, n_kv_heads=3, ffn_dim=64), sharding.make_mesh(4, 2)),
+        "vocab": (dict(TARGET.__dict__, vocab_size=60), mesh18),
+    }
+    out = {}
+    n_compiled = len(jaxspec.api._COMPILED)
+    for name, (fields, mesh) in bad.items():
+        cfg = jaxspec.ModelConfig(**fields)
+        try:
+            jaxspec.generate(llama.init_params(cfg, jax.random.key(0)), [[1, 2]], config=cfg, max_new_tokens=2, mesh=mesh)
+            out[name] = None
+        except ValueError as e:
+            out[name] = str(e)
+    for name, call in {
+        "axis_names": lambda: jaxspec.generate(params, [[1]], config=TARGET, mesh=jax.make_mesh((8,), ("x",))),
+        "ngram_sharded": lambda: jaxspec.generate(params, [[1]], config=TARGET, mesh=mesh18, shard_drafter=True,
+                                                  drafter=jaxspec.NGramDrafter(gamma=2)),
+        "device_count": lambda: sharding.make_mesh(3, 3),
+        "parse": lambda: sharding.parse_mesh("2x"),
+    }.items():
+        try:
+            call()
+            out[name] = None
+        except ValueError as e:
+            out[name] = str(e)
+    out["compiled_before_errors"] = len(jaxspec.api._COMPILED) - n_compiled
+    return out
+
+
+def from_orbax(params, draft_params, ref_case):
+    """``load(dir, mesh=)`` of an orbax checkpoint: per-leaf shardings equal ``shard_params``'s,
+    and it generates what the case generated (the compiled program is reused)."""
+    from jaxspec.checkpoints import orbax_io
+
+    mesh = sharding.make_mesh(*ref_case[1])
+    with tempfile.TemporaryDirectory() as tmp:
+        orbax_io.save(os.path.join(tmp, "ckpt"), params, TARGET)
+        model = jaxspec.load(os.path.join(tmp, "ckpt"), mesh=mesh)
+    want = sharding.shard_params(params, TARGET, mesh)
+    same_layout = jax.tree_util.tree_all(jax.tree_util.tree_map(
+        lambda a, b: a.sharding.is_equivalent_to(b.sharding, a.ndim) and a.shape == b.shape, model.params, want))
+    same_values = jax.tree_util.tree_all(jax.tree_util.tree_map(
+        lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), model.params, want))
+    return {"same_layout": bool(same_layout), "same_values": bool(same_values),
+            **run(model.params, draft_params, ref_case, mesh)}
+
+
+def main():
+    params, draft_params = models()
+    if MODE == "multi":
+        cases = [c for c in CASES if c[0] in MULTI_CASES]
+        result = {c[0]: run(params, draft_params, c, sharding.make_mesh(*c[1])) for c in cases}
+        result["process_count"] = jax.process_count()
+    else:
+        result = {"placement": placement(params), "errors": errors(params), "cases": {}}
+        for case in CASES:
+            result["cases"][case[0]] = {"ref": run(params, draft_params, case),
+                                        "sharded": run(params, draft_params, case, sharding.make_mesh(*case[1]))}
+        result["orbax"] = from_orbax(params, draft_params, CASES[4])
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
