@@ -75,10 +75,16 @@ def drafter(kind, draft_params):
 def run(params, draft_params, case, mesh=None):
     _, _, kind, batch, temp, shard_drafter = case
     d, dp = drafter(kind, draft_params)
+    n_programs = len(jaxspec.api._COMPILED)
     out = jaxspec.generate(params, PROMPTS[:batch], config=TARGET, drafter=d, drafter_params=dp, max_new_tokens=10,
                            ignore_eos=True, temperature=TEMPS[batch] or temp, seed=3, mesh=mesh,
                            shard_drafter=shard_drafter)
-    return {"tokens": out.tokens, "accepted": out.metrics.accepted.tolist(), "drafted": out.metrics.drafted.tolist()}
+    result = {"tokens": out.tokens, "accepted": out.metrics.accepted.tolist(), "drafted": out.metrics.drafted.tolist(),
+              "new_programs": len(jaxspec.api._COMPILED) - n_programs}
+    if mesh is not None and result["new_programs"]:  # what the one program contains (optimized HLO)
+        hlo = list(jaxspec.api._COMPILED.values())[-1].as_text()
+        result["hlo"] = {op: hlo.count(op) for op in ("all-reduce(", "all-gather(", "while(")}
+    return result
 
 
 def placement(params):

@@ -53,6 +53,19 @@ def test_mesh_gives_unsharded_tokens(single, name):
     assert all(len(t) == 10 for t in case["sharded"]["tokens"])  # max_new_tokens, EOS ignored
 
 
+@pytest.mark.parametrize("name", [c[0] for c in CASES])
+def test_one_program_per_generate(single, name):
+    """Prefill and the whole draft-verify loop are one compiled program under the mesh: each
+    sharded call compiles exactly one executable, with the while loop inside it and, when
+    the model axis is > 1, the tensor-parallel all-reduces and the logits all-gather."""
+    case = next(c for c in CASES if c[0] == name)
+    sharded = single["cases"][name]["sharded"]
+    assert sharded["new_programs"] == 1
+    assert sharded["hlo"]["while("] >= 1
+    if case[1][1] > 1:
+        assert sharded["hlo"]["all-reduce("] >= 1 and sharded["hlo"]["all-gather("] >= 1, sharded["hlo"]
+
+
 def test_sharded_cases_accept_drafts(single):
     """The comparison covers multi-token commits: with the noisy-target drafter and early exit,
     every batch-4 row accepts drafts (seen: 5-8 of 10 tokens per row)."""
@@ -78,6 +91,7 @@ def test_orbax_restores_onto_mesh(single):
     repeated after the restore) and the same tokens."""
     o = single["orbax"]
     assert o["same_layout"] and o["same_values"]
+    assert o["new_programs"] == 0  # the program compiled for shard_params' layout serves it
     assert o["tokens"] == single["cases"]["1x8-plain-b1"]["ref"]["tokens"]
 
 
@@ -151,3 +165,24 @@ def test_cli_mesh_flag_and_launch_errors():
         launch.initialize("localhost:1234", None, 0)
     with pytest.raises(ValueError, match=r"process_id must be in \[0, num_processes=2\), got 2"):
         launch.initialize("localhost:1234", 2, 2)
+
+
+def test_scaleout_table_arithmetic():
+    """The README's worked example (Llama-3-8B on v5e-8) from ``benchmarks/scaleout_table.py``:
+    7.50 B params read per step / 8 chips x 2 bytes + 32 x 2 x 2048 x 128 x 2 bytes of KV,
+    at 819 GB/s; Llama-3-70B in bfloat16 does not fit v5e-8's 16 GiB per chip but fits v6e-8."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+    import scaleout_table as t
+
+    l8, l70 = t.MODELS
+    v5e, v5p, v6e = t.CHIPS
+    r = t.step_cost(l8, v5e)
+    head = 128256 * 4096
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    read = (32 * layer + head) / 8 * 2 + 32 * 2 * 2048 * 1 * 128 * 2
+    assert r["params_b"] == pytest.approx(8.03, abs=0.005)  # Llama-3-8B's published size
+    assert r["read_per_step_gb"] == pytest.approx(read / 1e9, rel=1e-12)
+    assert r["floor_ms"] == pytest.approx(read / 819e9 * 1e3, rel=1e-12)
+    assert t.step_cost(l70, v5e)["params_b"] == pytest.approx(70.55, abs=0.01)
+    assert not t.step_cost(l70, v5e)["fits"] and t.step_cost(l70, v6e)["fits"] and t.step_cost(l70, v5p)["fits"]
+    assert v5p.chips == 4  # v5p-8 names 8 TensorCores, 2 per chip
