@@ -13,6 +13,7 @@ the repeated KV heads; its MLP width and vocabulary divide by 8.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -39,26 +40,51 @@ from jaxspec.models import llama  # noqa: E402
 
 TARGET = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=4, ffn_dim=64,
                              max_position=512, name="tp-target")
+# The same shape with every family switch that touches sharded tensors or their outputs: q/k/v
+# biases (repeated with their KV heads), q/k norms, sandwich norms, tied (vocab-split)
+# embeddings, embedding scale, soft-capping, a sliding layer with its own RoPE base, GeGLU.
+FAMILIES = dataclasses.replace(
+    TARGET, name="tp-families", attn_bias=True, qk_norm=True, sandwich_norms=True, tie_embeddings=True,
+    embed_scale=32**0.5, norm_offset=1.0, attn_softcap=50.0, final_softcap=30.0, sliding_window=4,
+    layer_types=("sliding", "full"), rope_theta=1e5, rope_local_theta=1e4, activation="gelu_tanh")
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5], [9], [11, 12, 13, 14, 15, 11, 12, 13], [3, 4, 3, 4]]
-# Batch 4: rows 0-1 greedy, rows 2-3 sampled (one program serves both: temperature is a per-row array).
-TEMPS = {4: [0.0, 0.0, 1.0, 0.7], 1: None}
-# (name, (data, model), drafter kind, batch, temperature for batch 1, shard_drafter). Each mesh
-# meets each drafter kind at batch 4 or batch 1 (compiles dominate: one per case + references).
+# Per-row settings are arrays, so they cost no compile. Batch 4: rows 0-1 greedy (row 1 with
+# a repetition penalty), rows 2-3 sampled with top-p, top-k and a penalty.
+SETTINGS = {4: dict(temperature=[0.0, 0.0, 1.0, 0.7], top_p=[1.0, 1.0, 0.9, 1.0], top_k=[0, 0, 0, 20],
+                    repetition_penalty=[1.0, 1.3, 1.0, 1.2]),
+            1: dict(repetition_penalty=1.1, top_p=0.95)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    mesh: tuple  # (data, model)
+    drafter: str  # plain, ngram, early_exit, model
+    batch: int  # 1 or 4
+    temperature: float | None = None  # batch 1 only (batch 4 mixes greedy and sampled rows)
+    shard_drafter: bool = False
+    config: jaxspec.ModelConfig = TARGET
+    logprobs: int | None = None
+
+
+# Every mesh at batch 4 and at batch 1; every drafter kind on two meshes (compiles dominate
+# the time: one per case plus one per distinct unsharded reference).
 CASES = [
-    ("1x8-model_sharded-b4", (1, 8), "model", 4, None, True),
-    ("2x4-ngram-b4", (2, 4), "ngram", 4, None, False),
-    ("4x2-early_exit-b4", (4, 2), "early_exit", 4, None, False),
-    ("8x1-model-b4", (8, 1), "model", 4, None, False),
-    ("1x8-plain-b1", (1, 8), "plain", 1, 0.0, False),
-    ("2x4-model-b1", (2, 4), "model", 1, 1.0, False),
-    ("4x2-ngram-b1", (4, 2), "ngram", 1, 1.0, False),
-    ("8x1-early_exit-b1", (8, 1), "early_exit", 1, 0.0, False),
+    Case("1x8-model_sharded-b4", (1, 8), "model", 4, shard_drafter=True),
+    Case("2x4-ngram-b4", (2, 4), "ngram", 4),
+    Case("4x2-early_exit-b4", (4, 2), "early_exit", 4),
+    Case("8x1-model-b4", (8, 1), "model", 4),
+    Case("1x8-plain-b1", (1, 8), "plain", 1, 0.0),
+    Case("2x4-model-b1", (2, 4), "model", 1, 1.0),
+    Case("4x2-ngram-b1", (4, 2), "ngram", 1, 1.0),
+    Case("8x1-early_exit-b1", (8, 1), "early_exit", 1, 0.0),
+    Case("2x4-families-logprobs-b4", (2, 4), "plain", 4, config=FAMILIES, logprobs=2),
 ]
 MULTI_CASES = ("2x4-ngram-b4", "1x8-plain-b1")  # also run by two processes
 
 
-def models():
-    params = llama.init_params(TARGET, jax.random.key(0), scale=1.0)
+def models(config=TARGET):
+    params = llama.init_params(config, jax.random.key(0), scale=1.0)
     # draft model: the target plus 10% noise, so drafts are often (not always) accepted
     leaves, tree = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(jax.random.key(2), len(leaves))
@@ -72,15 +98,18 @@ def drafter(kind, draft_params):
             "model": (jaxspec.ModelDrafter(TARGET, gamma=3), draft_params)}[kind]
 
 
-def run(params, draft_params, case, mesh=None):
-    _, _, kind, batch, temp, shard_drafter = case
-    d, dp = drafter(kind, draft_params)
+def run(params, draft_params, case: Case, mesh=None):
+    d, dp = drafter(case.drafter, draft_params)
+    settings = dict(SETTINGS[case.batch], **({} if case.temperature is None else {"temperature": case.temperature}))
     n_programs = len(jaxspec.api._COMPILED)
-    out = jaxspec.generate(params, PROMPTS[:batch], config=TARGET, drafter=d, drafter_params=dp, max_new_tokens=10,
-                           ignore_eos=True, temperature=TEMPS[batch] or temp, seed=3, mesh=mesh,
-                           shard_drafter=shard_drafter)
+    out = jaxspec.generate(params, PROMPTS[: case.batch], config=case.config, drafter=d, drafter_params=dp,
+                           max_new_tokens=10, ignore_eos=True, seed=3, mesh=mesh, shard_drafter=case.shard_drafter,
+                           logprobs=case.logprobs, **settings)
     result = {"tokens": out.tokens, "accepted": out.metrics.accepted.tolist(), "drafted": out.metrics.drafted.tolist(),
               "new_programs": len(jaxspec.api._COMPILED) - n_programs}
+    if case.logprobs is not None:
+        result["logprobs"] = out.logprobs
+        result["top_ids"] = [[[i for i, _ in alts] for alts in row] for row in out.top_logprobs]
     if mesh is not None and result["new_programs"]:  # what the one program contains (optimized HLO)
         hlo = list(jaxspec.api._COMPILED.values())[-1].as_text()
         result["hlo"] = {op: hlo.count(op) for op in ("all-reduce(", "all-gather(", "while(")}
@@ -139,7 +168,7 @@ def from_orbax(params, draft_params, ref_case):
     and it generates what the case generated (the compiled program is reused)."""
     from jaxspec.checkpoints import orbax_io
 
-    mesh = sharding.make_mesh(*ref_case[1])
+    mesh = sharding.make_mesh(*ref_case.mesh)
     with tempfile.TemporaryDirectory() as tmp:
         orbax_io.save(os.path.join(tmp, "ckpt"), params, TARGET)
         model = jaxspec.load(os.path.join(tmp, "ckpt"), mesh=mesh)
@@ -155,14 +184,15 @@ def from_orbax(params, draft_params, ref_case):
 def main():
     params, draft_params = models()
     if MODE == "multi":
-        cases = [c for c in CASES if c[0] in MULTI_CASES]
-        result = {c[0]: run(params, draft_params, c, sharding.make_mesh(*c[1])) for c in cases}
+        cases = [c for c in CASES if c.name in MULTI_CASES]
+        result = {c.name: run(params, draft_params, c, sharding.make_mesh(*c.mesh)) for c in cases}
         result["process_count"] = jax.process_count()
     else:
         result = {"placement": placement(params), "errors": errors(params), "cases": {}}
         for case in CASES:
-            result["cases"][case[0]] = {"ref": run(params, draft_params, case),
-                                        "sharded": run(params, draft_params, case, sharding.make_mesh(*case[1]))}
+            p, dp = (params, draft_params) if case.config is TARGET else models(case.config)
+            result["cases"][case.name] = {"ref": run(p, dp, case),
+                                          "sharded": run(p, dp, case, sharding.make_mesh(*case.mesh))}
         result["orbax"] = from_orbax(params, draft_params, CASES[4])
     print(json.dumps(result))
 
