@@ -2,10 +2,11 @@
 process (the device count must be fixed before JAX starts, so not inside pytest) and prints
 one JSON object on its last stdout line.
 
-    python tests/sharded_cases.py single            # 8 devices: every case, its unsharded
-                                                    # reference, placement and error checks
-    python tests/sharded_cases.py multi PORT RANK   # one of 2 processes x 4 devices
-                                                    # (jax.distributed, loopback coordinator)
+    python tests/sharded_cases.py single CKPT             # 8 devices: every case, its unsharded
+                                                          # reference, placement and error checks;
+                                                          # writes an orbax checkpoint to CKPT
+    python tests/sharded_cases.py multi PORT RANK CKPT    # one of 2 processes x 4 devices
+                                                          # (jax.distributed, loopback coordinator)
 
 The tiny target has 8 query heads and 2 KV heads, so a ``model`` axis of 4 or 8 exercises
 the repeated KV heads; its MLP width and vocabulary divide by 8.
@@ -17,7 +18,6 @@ import dataclasses
 import json
 import os
 import sys
-import tempfile
 
 MODE = sys.argv[1] if __name__ == "__main__" else "import"  # imported by the test: constants only
 if MODE == "single":
@@ -81,6 +81,7 @@ CASES = [
     Case("2x4-families-logprobs-b4", (2, 4), "plain", 4, config=FAMILIES, logprobs=2),
 ]
 MULTI_CASES = ("2x4-ngram-b4", "1x8-plain-b1")  # also run by two processes
+ORBAX_CASE = CASES[4]  # rerun on params restored from orbax onto the mesh (same program)
 
 
 def models(config=TARGET):
@@ -163,22 +164,24 @@ def errors(params):
     return out
 
 
-def from_orbax(params, draft_params, ref_case):
-    """``load(dir, mesh=)`` of an orbax checkpoint: per-leaf shardings equal ``shard_params``'s,
-    and it generates what the case generated (the compiled program is reused)."""
+def from_orbax(params, draft_params, case: Case, ckpt: str):
+    """``load(ckpt, mesh=)`` of an orbax checkpoint (written here in single mode), then the
+    case's generation. Single process: per-leaf layout and values equal ``shard_params``'s.
+    Multi-process: each process restores its own shards of the global arrays."""
     from jaxspec.checkpoints import orbax_io
 
-    mesh = sharding.make_mesh(*ref_case.mesh)
-    with tempfile.TemporaryDirectory() as tmp:
-        orbax_io.save(os.path.join(tmp, "ckpt"), params, TARGET)
-        model = jaxspec.load(os.path.join(tmp, "ckpt"), mesh=mesh)
-    want = sharding.shard_params(params, TARGET, mesh)
-    same_layout = jax.tree_util.tree_all(jax.tree_util.tree_map(
-        lambda a, b: a.sharding.is_equivalent_to(b.sharding, a.ndim) and a.shape == b.shape, model.params, want))
-    same_values = jax.tree_util.tree_all(jax.tree_util.tree_map(
-        lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), model.params, want))
-    return {"same_layout": bool(same_layout), "same_values": bool(same_values),
-            **run(model.params, draft_params, ref_case, mesh)}
+    mesh = sharding.make_mesh(*case.mesh)
+    if MODE == "single":
+        orbax_io.save(ckpt, params, TARGET)
+    model = jaxspec.load(ckpt, mesh=mesh)
+    out = run(model.params, draft_params, case, mesh)
+    if MODE == "single":
+        want = sharding.shard_params(params, TARGET, mesh)
+        out["same_layout"] = jax.tree_util.tree_all(jax.tree_util.tree_map(
+            lambda a, b: a.sharding.is_equivalent_to(b.sharding, a.ndim) and a.shape == b.shape, model.params, want))
+        out["same_values"] = jax.tree_util.tree_all(jax.tree_util.tree_map(
+            lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), model.params, want))
+    return out
 
 
 def main():
@@ -187,13 +190,14 @@ def main():
         cases = [c for c in CASES if c.name in MULTI_CASES]
         result = {c.name: run(params, draft_params, c, sharding.make_mesh(*c.mesh)) for c in cases}
         result["process_count"] = jax.process_count()
+        result["orbax"] = from_orbax(params, draft_params, ORBAX_CASE, sys.argv[4])
     else:
         result = {"placement": placement(params), "errors": errors(params), "cases": {}}
         for case in CASES:
             p, dp = (params, draft_params) if case.config is TARGET else models(case.config)
             result["cases"][case.name] = {"ref": run(p, dp, case),
                                           "sharded": run(p, dp, case, sharding.make_mesh(*case.mesh))}
-        result["orbax"] = from_orbax(params, draft_params, CASES[4])
+        result["orbax"] = from_orbax(params, draft_params, ORBAX_CASE, sys.argv[2])
     print(json.dumps(result))
 
 

@@ -25,7 +25,7 @@ from jaxspec import launch, sharding
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from sharded_cases import CASES, MULTI_CASES  # noqa: E402
+from sharded_cases import CASES, MULTI_CASES, ORBAX_CASE  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
        "JAX_PLATFORMS": "cpu"}
@@ -37,9 +37,15 @@ def _json(proc: subprocess.CompletedProcess) -> dict:
 
 
 @pytest.fixture(scope="module")
-def single() -> dict:
-    """Every case of ``sharded_cases.CASES`` on one 8-device process (about 15 compiles)."""
-    cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "single"]
+def checkpoint(tmp_path_factory) -> str:
+    """Where the single-process run writes the tiny target as an orbax checkpoint."""
+    return str(tmp_path_factory.mktemp("sharded") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def single(checkpoint) -> dict:
+    """Every case of ``sharded_cases.CASES`` on one 8-device process (about 17 compiles)."""
+    cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "single", checkpoint]
     return _json(subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900))
 
 
@@ -99,7 +105,7 @@ def test_orbax_restores_onto_mesh(single):
     o = single["orbax"]
     assert o["same_layout"] and o["same_values"]
     assert o["new_programs"] == 0  # the program compiled for shard_params' layout serves it
-    assert o["tokens"] == single["cases"]["1x8-plain-b1"]["ref"]["tokens"]
+    assert o["tokens"] == single["cases"][ORBAX_CASE.name]["ref"]["tokens"]
 
 
 def test_bad_mesh_errors(single):
@@ -115,15 +121,16 @@ def test_bad_mesh_errors(single):
     assert e["compiled_before_errors"] == 0
 
 
-def test_two_processes_match_one(single):
+def test_two_processes_match_one(single, checkpoint):
     """Two processes (``jax.distributed`` with a loopback coordinator, gloo CPU collectives,
     4 devices each) give the single-process tokens on a 2x4 mesh (data split across the
-    processes) and a 1x8 mesh (every all-reduce crosses processes)."""
+    processes) and a 1x8 mesh (every all-reduce crosses processes), also with the target
+    restored from orbax straight onto the 1x8 mesh (each process reads its own shards)."""
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "multi", str(port)]
-    procs = [subprocess.Popen(cmd + [str(rank)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    procs = [subprocess.Popen(cmd + [str(rank), checkpoint], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
              for rank in range(2)]
     outs = []
     for p in procs:
@@ -139,6 +146,7 @@ def test_two_processes_match_one(single):
         for name in MULTI_CASES:
             assert out[name]["tokens"] == single["cases"][name]["sharded"]["tokens"], name
             assert out[name]["accepted"] == single["cases"][name]["sharded"]["accepted"], name
+        assert out["orbax"]["tokens"] == single["cases"][ORBAX_CASE.name]["ref"]["tokens"]
 
 
 def test_local_config_llama3_8b_on_16_chips():
