@@ -292,17 +292,11 @@ def generate(
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
     if drafter is not None:
         drafter.validate(config, drafter_params)
-    plan, real_rows = None, rows
+    plan = None
     if mesh is not None:
         from jaxspec import sharding
 
         plan = sharding.plan(mesh, config, drafter, shard_drafter)
-        pad = _round_up(b, plan.data) - b  # extra one-token rows, dropped from the results
-        if pad:
-            more = lambda x, fill=None: np.concatenate([x, np.full(pad, x[0] if fill is None else fill, x.dtype)])  # noqa: E731
-            rows = rows + [rows[0]] * pad
-            lens, max_new, seeds = more(lens), more(max_new, 1), more(seeds)
-            per_row = lambda name, per_row=per_row: more(per_row(name))  # noqa: E731
     elif drafter is not None:
         drafter_params = drafter.select_params(params, drafter_params)
     gamma = 0 if drafter is None else drafter.gamma
@@ -316,12 +310,20 @@ def generate(
 
     p = _round_up(int(lens.max()), PROMPT_BUCKET)
     cache_len = _round_up(p + int(max_new.max()) + gamma + 1, CACHE_BUCKET)
-    b = len(rows)
+    numeric = {name: per_row(name) for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                                 "frequency_penalty", "presence_penalty", "min_new_tokens")}
+    real_rows = rows
+    if plan is not None and b % plan.data:
+        # The data axis splits rows evenly: add one-token copies of row 0, dropped from the results.
+        extra = _round_up(b, plan.data) - b
+        grow = lambda x: np.concatenate([x, np.repeat(x[:1], extra)])  # noqa: E731
+        rows, lens, seeds = rows + [rows[0]] * extra, grow(lens), grow(seeds)
+        numeric = {k: grow(v) for k, v in numeric.items()}
+        max_new = np.concatenate([max_new, np.ones(extra, max_new.dtype)])
+        b = len(rows)
     prompt_arr = np.zeros((b, p), np.int32)
     for i, r in enumerate(rows):
         prompt_arr[i, : len(r)] = r
-    numeric = {name: per_row(name) for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                                 "frequency_penalty", "presence_penalty", "min_new_tokens")}
     inputs = engine.Inputs(
         prompt=jnp.asarray(prompt_arr),
         prompt_lens=jnp.asarray(lens),
@@ -334,7 +336,8 @@ def generate(
     if plan is not None:
         params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
     fn = _jitted(config, drafter, cache_len, lp_spec, plan)
-    key = (config, drafter, cache_len, lp_spec, _signature((params, drafter_params, inputs))) + ((plan,) if plan else ())
+    key = (config, drafter, cache_len, lp_spec, _signature((params, drafter_params, inputs)))
+    key += (plan,) if plan else ()  # mesh=None: the single-device key, unchanged
     compile_s = 0.0
     if key not in _COMPILED:
         t0 = time.perf_counter()

@@ -58,7 +58,8 @@ def main(argv=None) -> int:
     parser.add_argument("--num-processes", type=int, help="processes in the job")
     parser.add_argument("--process-id", type=int, help="this process's rank, 0-based")
     parser.add_argument("--cpu-devices", type=int, help="CPU backend only: devices per process")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the jaxspec command, e.g. generate PROMPT --mesh 2x4")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the jaxspec command, e.g. generate PROMPT --mesh 2x4")
     args = parser.parse_args(argv)
     try:
         initialize(args.coordinator, args.num_processes, args.process_id, args.cpu_devices)

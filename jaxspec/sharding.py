@@ -158,7 +158,8 @@ def _repeat_kv(params: dict, config: ModelConfig, r: int) -> dict:
         heads = x.reshape(x.shape[:-1] + (x.shape[-1] // hd, hd))
         return jnp.repeat(heads, r, axis=-2).reshape(x.shape[:-1] + (-1,))
 
-    layers = [{k: rep(v) if k in ("wk", "wv", "bk", "bv") else v for k, v in layer.items()} for layer in params["layers"]]
+    kv = ("wk", "wv", "bk", "bv")
+    layers = [{k: rep(v) if k in kv else v for k, v in layer.items()} for layer in params["layers"]]
     return {**params, "layers": layers}
 
 

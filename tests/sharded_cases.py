@@ -144,7 +144,8 @@ def errors(params):
     for name, (fields, mesh) in bad.items():
         cfg = jaxspec.ModelConfig(**fields)
         try:
-            jaxspec.generate(llama.init_params(cfg, jax.random.key(0)), [[1, 2]], config=cfg, max_new_tokens=2, mesh=mesh)
+            bad_params = llama.init_params(cfg, jax.random.key(0))
+            jaxspec.generate(bad_params, [[1, 2]], config=cfg, max_new_tokens=2, mesh=mesh)
             out[name] = None
         except ValueError as e:
             out[name] = str(e)

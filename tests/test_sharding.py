@@ -130,8 +130,8 @@ def test_two_processes_match_one(single, checkpoint):
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "multi", str(port)]
-    procs = [subprocess.Popen(cmd + [str(rank), checkpoint], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-             for rank in range(2)]
+    procs = [subprocess.Popen(cmd + [str(rank), checkpoint], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=ENV) for rank in range(2)]
     outs = []
     for p in procs:
         try:
