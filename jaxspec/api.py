@@ -70,6 +70,7 @@ def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
     if mesh is not None and specs is None and tuple(mesh.axis_names) == sharding.AXES:
         # jaxspec's own layout (jaxspec.sharding): orbax restores straight onto it, other
         # sources are placed after reading; KV heads are repeated when the model axis needs it.
+        mesh = sharding.auto_axes(mesh)
         config = orbax_io.read_manifest(path)["config"] if kind == "orbax" else None
         ckpt_specs = None if config is None else sharding.checkpoint_specs(config, mesh)
         params, config, tokenizer = loading.load_checkpoint(path, dtype=dtype, mesh=mesh if ckpt_specs else None,

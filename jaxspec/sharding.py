@@ -82,6 +82,14 @@ def parse_mesh(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+def auto_axes(mesh: Mesh) -> Mesh:
+    """``mesh`` with ``Auto`` axis types (``jax.make_mesh`` defaults to ``Explicit`` ones,
+    sharding-in-types, which the ``shard_map``-ed program does not use): same devices, same
+    axes, so arrays keep their layout."""
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    return mesh if tuple(mesh.axis_types) == auto else Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+
+
 def mesh_sizes(mesh: Mesh) -> tuple[int, int]:
     """``(data, model)`` sizes. Raises ValueError when the axes are not exactly ``data, model``."""
     if not isinstance(mesh, Mesh):
@@ -192,9 +200,9 @@ def shard_params(params: dict, config: ModelConfig, mesh: Mesh, sharded: bool = 
     Raises:
       ValueError: the ``model`` axis does not divide the heads, MLP width or vocabulary.
     """
+    n, mesh = mesh_sizes(mesh)[1], auto_axes(mesh)
     if not sharded:
         return jax.tree_util.tree_map(lambda x: put(x, NamedSharding(mesh, P())), params)
-    n = mesh_sizes(mesh)[1]
     check_model_axis(config, n)
     r = kv_repeats(config, n)
     if r > 1 and params["layers"][0]["wk"].shape[-1] == config.n_kv_heads * config.head_dim:
@@ -275,7 +283,7 @@ def plan(mesh: Mesh, config: ModelConfig, drafter=None, shard_drafter: bool = Fa
         divide the target's (or a sharded drafter's) heads, MLP width or vocabulary; names
         the axis and the sizes. Raised before anything is compiled.
     """
-    n = mesh_sizes(mesh)[1]
+    n, mesh = mesh_sizes(mesh)[1], auto_axes(mesh)
     local = local_config(config, n)
     drafter_sharded, local_drafter = False, drafter
     if getattr(drafter, "shares_target_weights", False):

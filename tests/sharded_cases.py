@@ -81,6 +81,7 @@ CASES = [
     Case("2x4-families-logprobs-b4", (2, 4), "plain", 4, config=FAMILIES, logprobs=2),
 ]
 MULTI_CASES = ("2x4-ngram-b4", "1x8-plain-b1")  # also run by two processes
+EXPLICIT_CASE = "2x4-ngram-b4"  # rerun on jax.make_mesh's own mesh
 ORBAX_CASE = CASES[4]  # rerun on params restored from orbax onto the mesh (same program)
 
 
@@ -199,6 +200,10 @@ def main():
             result["cases"][case.name] = {"ref": run(p, dp, case),
                                           "sharded": run(p, dp, case, sharding.make_mesh(*case.mesh))}
         result["orbax"] = from_orbax(params, draft_params, ORBAX_CASE, sys.argv[2])
+        # a mesh built by hand with jax.make_mesh (Explicit axis types by default): same
+        # devices and axes as sharding.make_mesh's, so the same compiled program serves it
+        case = next(c for c in CASES if c.name == EXPLICIT_CASE)
+        result["explicit_mesh"] = run(params, draft_params, case, jax.make_mesh(case.mesh, sharding.AXES))
     print(json.dumps(result))
 
 

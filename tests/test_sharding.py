@@ -25,7 +25,7 @@ from jaxspec import launch, sharding
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from sharded_cases import CASES, MULTI_CASES, ORBAX_CASE  # noqa: E402
+from sharded_cases import CASES, EXPLICIT_CASE, MULTI_CASES, ORBAX_CASE  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
        "JAX_PLATFORMS": "cpu"}
@@ -106,6 +106,14 @@ def test_orbax_restores_onto_mesh(single):
     assert o["same_layout"] and o["same_values"]
     assert o["new_programs"] == 0  # the program compiled for shard_params' layout serves it
     assert o["tokens"] == single["cases"][ORBAX_CASE.name]["ref"]["tokens"]
+
+
+def test_hand_built_mesh(single):
+    """A ``jax.make_mesh((2, 4), ("data", "model"))`` mesh (Explicit axis types) runs the
+    program compiled for ``jaxspec.make_mesh(2, 4)`` and gives the same tokens."""
+    e = single["explicit_mesh"]
+    assert e["new_programs"] == 0
+    assert e["tokens"] == single["cases"][EXPLICIT_CASE]["sharded"]["tokens"]
 
 
 def test_bad_mesh_errors(single):
