@@ -1,7 +1,10 @@
 """Sharded generation (DESIGN.md invariant 6): on 8 virtual CPU devices, meshes 1x8, 2x4, 4x2
-and 8x1 give the tokens of the unsharded run, greedy and seeded sampling, every drafter,
-batch 1 and 4; each device holds its share of the target's bytes; two processes joined by
-``jax.distributed`` give the tokens of one; bad meshes fail before any compile.
+and 8x1 give the tokens of the unsharded run, greedy and seeded sampling (with penalties and
+truncation), batch 1 and 4 (padded to the data axis), every drafter kind on two meshes
+(``sharded_cases.CASES``: not the full cross product, to keep compiles few), a target with
+every family switch, logprobs; each device holds its share of the target's bytes; an orbax
+checkpoint restores onto the mesh; two processes joined by ``jax.distributed`` give the
+tokens of one; bad meshes fail before any compile.
 
 The device count is fixed when JAX starts, so the runs happen in subprocesses
 (``tests/sharded_cases.py``, which prints JSON); tests here assert on that JSON. Tokens must
