@@ -11,6 +11,7 @@ from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
 from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter
 from jaxspec.metrics import Metrics
+from jaxspec.sharding import make_mesh, shard_params
 
 __all__ = [
     "EarlyExitDrafter",
@@ -25,5 +26,7 @@ __all__ = [
     "default_dtype",
     "generate",
     "load",
+    "make_mesh",
+    "shard_params",
 ]
 __version__ = "0.1.0"

@@ -49,18 +49,35 @@ def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
         keep their saved dtype unless one is given.
       mesh, specs: a ``jax.sharding.Mesh`` and ``fn(TensorSpec) -> PartitionSpec`` (or a params-
         shaped pytree of them): orbax checkpoints restore straight onto these shards; other
-        sources are placed after loading. Default specs: ``orbax_io.default_specs``.
+        sources are placed after loading. Without ``specs``, a ``("data", "model")`` mesh
+        (``jaxspec.make_mesh``) gives the params as
+        ``generate(..., mesh=mesh)`` runs them (``jaxspec.sharding.shard_params``: tensor
+        parallel over ``model``, replicated over ``data``), read shard by shard on every host.
 
     Raises:
-      ValueError: unknown model name, unsupported architecture, corrupt file (named).
+      ValueError: unknown model name, unsupported architecture, corrupt file (named); a mesh
+        whose ``model`` axis does not divide the heads, MLP width or vocabulary.
       FileNotFoundError: the path does not exist, or the package that ships the named model
         is not installed (the message gives the command that installs it).
     """
     from jaxspec.checkpoints import loading
 
     path = loading.resolve(name_or_path)
-    if dtype is None and loading.checkpoint_kind(path) != "orbax":
+    kind = loading.checkpoint_kind(path)
+    if dtype is None and kind != "orbax":
         dtype = default_dtype()
+    from jaxspec import sharding
+
+    if mesh is not None and specs is None and tuple(mesh.axis_names) == sharding.AXES:
+        # jaxspec's own layout (jaxspec.sharding): orbax restores straight onto it, other
+        # sources are placed after reading; KV heads are repeated when the model axis needs it.
+        mesh = sharding.auto_axes(mesh)
+        config = orbax_io.read_manifest(path)["config"] if kind == "orbax" else None
+        ckpt_specs = None if config is None else sharding.checkpoint_specs(config, mesh)
+        params, config, tokenizer = loading.load_checkpoint(path, dtype=dtype, mesh=mesh if ckpt_specs else None,
+                                                            specs=ckpt_specs)
+        params = sharding.shard_params(params, config, mesh)
+        return Model(params=params, config=config, tokenizer=tokenizer)
     params, config, tokenizer = loading.load_checkpoint(path, dtype=dtype, mesh=mesh, specs=specs)
     return Model(params=params, config=config, tokenizer=tokenizer)
 
@@ -145,8 +162,10 @@ def _signature(tree) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None):
-    def packed(target, drafter_params, inputs):
+def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None, plan=None):
+    """The jitted program; with a ``sharding.Plan`` it runs under ``jax.shard_map`` on the
+    plan's mesh, each shard with its per-shard config and drafter."""
+    def packed(target, drafter_params, inputs, config=config, drafter=drafter):
         s = engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter, max_len=max_len,
                                logprobs=logprobs)
         counts = jnp.stack([s.seq_lens, s.n_steps, s.n_drafted, s.n_accepted], axis=1)
@@ -157,7 +176,9 @@ def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.Logprob
             parts += [as_int(s.logprobs.chosen), s.logprobs.top_ids.reshape(b, -1), as_int(s.logprobs.top)]
         return jnp.concatenate(parts, axis=1)  # one array: one transfer
 
-    return jax.jit(packed)
+    if plan is None:
+        return jax.jit(packed)
+    return jax.jit(plan.wrap(functools.partial(packed, config=plan.config, drafter=plan.drafter)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -188,6 +209,8 @@ def generate(
     drafter_params=None,
     chat: bool = False,
     max_len: int | None = None,
+    mesh=None,
+    shard_drafter: bool = False,
     **settings,
 ) -> GenerationResult:
     """Generate continuations of one or several prompts, speculatively when given a drafter.
@@ -210,6 +233,13 @@ def generate(
         target, ``jaxspec.check_pair`` also compares the two tokenizers token by token).
       chat: wrap each text prompt in the tokenizer's chat template as a user turn.
       max_len: longest sequence (prompt + new tokens) allowed; default the model's context.
+      mesh: a ``("data", "model")`` mesh (``jaxspec.make_mesh``): the whole generation runs as
+        one program under ``jax.shard_map``, the target tensor-parallel over ``model``, batch
+        rows over ``data`` (padded to a multiple of it); same tokens as without a mesh, for
+        the same seed (``jaxspec.sharding``). Params are placed with ``shard_params`` unless
+        they already are (place them once, or ``load(..., mesh=)``, to skip the copy).
+      shard_drafter: split a ``ModelDrafter``'s weights over ``model`` too (default:
+        replicated, it is small).
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
         ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\n\n"], n=4, logprobs=5``.
 
@@ -220,7 +250,8 @@ def generate(
       ValueError: empty prompt, token id outside the vocabulary, a sampling setting out of
         range (named, with its range), prompt + ``max_new_tokens`` over ``max_len``, stop
         strings without a tokenizer, drafter that does not fit the target (e.g. vocabulary
-        mismatch). All before anything is compiled.
+        mismatch), a mesh whose ``model`` axis does not divide the heads, MLP width or
+        vocabulary. All before anything is compiled.
       TypeError: an unknown setting.
     """
     from jaxspec import stopping
@@ -268,6 +299,12 @@ def generate(
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
     if drafter is not None:
         drafter.validate(config, drafter_params)
+    plan = None
+    if mesh is not None:
+        from jaxspec import sharding
+
+        plan = sharding.plan(mesh, config, drafter, shard_drafter)
+    elif drafter is not None:
         drafter_params = drafter.select_params(params, drafter_params)
     gamma = 0 if drafter is None else drafter.gamma
     stops = list(dict.fromkeys(([] if sc.ignore_eos else list(config.eos_ids)) + list(sc.stop_token_ids)))
@@ -280,11 +317,20 @@ def generate(
 
     p = _round_up(int(lens.max()), PROMPT_BUCKET)
     cache_len = _round_up(p + int(max_new.max()) + gamma + 1, CACHE_BUCKET)
+    numeric = {name: per_row(name) for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                                 "frequency_penalty", "presence_penalty", "min_new_tokens")}
+    real_rows = rows
+    if plan is not None and b % plan.data:
+        # The data axis splits rows evenly: add one-token copies of row 0, dropped from the results.
+        extra = _round_up(b, plan.data) - b
+        grow = lambda x: np.concatenate([x, np.repeat(x[:1], extra)])  # noqa: E731
+        rows, lens, seeds = rows + [rows[0]] * extra, grow(lens), grow(seeds)
+        numeric = {k: grow(v) for k, v in numeric.items()}
+        max_new = np.concatenate([max_new, np.ones(extra, max_new.dtype)])
+        b = len(rows)
     prompt_arr = np.zeros((b, p), np.int32)
     for i, r in enumerate(rows):
         prompt_arr[i, : len(r)] = r
-    numeric = {name: per_row(name) for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                                 "frequency_penalty", "presence_penalty", "min_new_tokens")}
     inputs = engine.Inputs(
         prompt=jnp.asarray(prompt_arr),
         prompt_lens=jnp.asarray(lens),
@@ -294,16 +340,22 @@ def generate(
         stops=stopping.make_tables(list(sc.stop), _token_table(tokenizer if sc.stop else None, config.vocab_size)),
     )
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
-    fn = _jitted(config, drafter, cache_len, lp_spec)
+    if plan is not None:
+        params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
+    fn = _jitted(config, drafter, cache_len, lp_spec, plan)
     key = (config, drafter, cache_len, lp_spec, _signature((params, drafter_params, inputs)))
+    key += (plan,) if plan else ()  # mesh=None: the single-device key, unchanged
     compile_s = 0.0
     if key not in _COMPILED:
         t0 = time.perf_counter()
         _COMPILED[key] = fn.lower(params, drafter_params, inputs).compile()
         compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out = np.asarray(jax.device_get(_COMPILED[key](params, drafter_params, inputs)))
+    out = _COMPILED[key](params, drafter_params, inputs)
+    out = np.asarray(jax.device_get(out.addressable_data(0)))  # one transfer; under a mesh out is replicated
     run_s = time.perf_counter() - t0
+    if len(rows) > len(real_rows):
+        out, rows, lens = out[: len(real_rows)], real_rows, lens[: len(real_rows)]
     return _unpack(out, sc, rows, lens, cache_len, gamma, tokenizer, stops, compile_s, run_s)
 
 

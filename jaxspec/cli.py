@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
     g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
+    g.add_argument("--mesh", metavar="DATAxMODEL", default=None,
+                   help="run on a device mesh, e.g. 1x8: batch rows over DATA devices, the target tensor-parallel "
+                        "over MODEL devices (DATA*MODEL = all devices; multi-host: python -m jaxspec.launch)")
+    g.add_argument("--shard-drafter", action="store_true",
+                   help="with --mesh and --drafter model: split the draft model over MODEL too (default: replicated)")
     s = g.add_argument_group("sampling (jaxspec.SamplingConfig; speculative output stays exact under each)")
     s.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per sample (default: 128)")
     s.add_argument("--min-new-tokens", type=int, default=0, help="EOS and stops suppressed before this many (default: 0)")
@@ -107,6 +112,20 @@ def _make_drafter(args, model, load):
     return jaxspec.ModelDrafter(draft.config, gamma=args.gamma), draft  # a Model: generate checks the pairing
 
 
+def _mesh(args):
+    """The ``--mesh`` as a ``jax.sharding.Mesh``, or None."""
+    if args.mesh is None:
+        if args.shard_drafter:
+            raise SystemExit("error: --shard-drafter needs --mesh")
+        return None
+    from jaxspec import sharding
+
+    try:
+        return sharding.make_mesh(*sharding.parse_mesh(args.mesh))
+    except ValueError as e:
+        raise SystemExit(f"error: --mesh: {e}")
+
+
 def _sampling(args):
     import jaxspec
 
@@ -157,10 +176,11 @@ def _generate(args) -> int:
     console = Console(stderr=True)
     prompts = _read_prompts(args)
     sampling = _sampling(args)
+    mesh = _mesh(args)
     try:
         with console.status(f"loading {args.model}"):
             load = lambda name: jaxspec.load(name, dtype=args.dtype)  # noqa: E731
-            model = load(args.model)
+            model = jaxspec.load(args.model, dtype=args.dtype, mesh=mesh)
             drafter, drafter_params = _make_drafter(args, model, load)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
@@ -168,7 +188,8 @@ def _generate(args) -> int:
     def run(prompt, d, dp, label, i):
         msg = f"[{i + 1}/{len(prompts)}] {label}: compiling (first call per prompt-length bucket) and generating"
         with console.status(msg):
-            return jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, sampling=sampling, chat=args.chat)
+            return jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, sampling=sampling, chat=args.chat,
+                                    mesh=mesh, shard_drafter=args.shard_drafter and d is not None)
 
     name = args.drafter if drafter is not None else "plain"
     speedups, same, spec_tps, taus, compile_s = [], [], [], [], 0.0

@@ -100,6 +100,10 @@ class ModelConfig:
       final_softcap: > 0: logits become ``cap * tanh(logits / cap)``; 0: off. (Gemma 3 configs
         also carry ``attn_logit_softcapping``, a Gemma 2 feature that transformers' and llama.cpp's
         Gemma 3 ignore; so do we.)
+      tp_axis: runtime only, never saved: the ``jax.shard_map`` mesh axis this config's params
+        are split over (Megatron tensor parallelism, ``jaxspec.sharding``); then ``n_heads``,
+        ``n_kv_heads`` and ``ffn_dim`` count one shard's part and the model sums partial
+        results over the axis. ``""``: unsharded.
     """
 
     vocab_size: int
@@ -129,6 +133,7 @@ class ModelConfig:
     activation: str = "silu"
     attn_scale: float = 0.0
     final_softcap: float = 0.0
+    tp_axis: str = ""
 
     def __post_init__(self):
         for field in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"):
@@ -165,6 +170,7 @@ class ModelConfig:
     def to_dict(self) -> dict:
         """JSON-ready dict; ``ModelConfig.from_dict`` inverts it."""
         d = dataclasses.asdict(self)
+        del d["tp_axis"]  # how a run is split, not what the checkpoint holds
         d["eos_ids"], d["layer_types"] = list(self.eos_ids), list(self.layer_types)
         return d
 

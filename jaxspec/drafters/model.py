@@ -110,6 +110,9 @@ class EarlyExitDrafter(ModelDrafter):
     """
 
     n_layers: int = 1
+    # class attribute, not a field: its params are the target's, so it runs on the target's
+    # shards under a mesh (``jaxspec.sharding``)
+    shares_target_weights = True
 
     def __init__(self, target_config: ModelConfig, n_layers: int, gamma: int = 4):
         if not isinstance(n_layers, int) or not 1 <= n_layers < target_config.n_layers:

@@ -1,0 +1,306 @@
+"""Scale out: run the whole generation (prefill and the ``lax.while_loop``) as one program
+under ``jax.shard_map`` over a ``("data", "model")`` mesh.
+
+- ``model`` axis: Megatron-style tensor parallelism of the target (Shoeybi et al. 2019,
+  "Megatron-LM", Sec. 3): query and KV heads (the columns of wq/wk/wv and their biases, the
+  rows of wo) and the MLP width (columns of w_gate/w_up, rows of w_down) are split over
+  ``model``, with one ``psum`` after the attention output and one after the MLP down
+  projection; embedding and output head are split over the vocabulary (embedding lookup in
+  the local slice, then ``psum``; local logits, then an all-gather). The model code does the
+  collectives when its config names the axis (``ModelConfig.tp_axis``; ``jaxspec.models.llama``).
+- ``data`` axis: batch rows. Every loop input with a batch axis is split over ``data``; KV
+  caches are created inside the program, so they are ``[data, -, model, -]`` over
+  ``[B, S, KV, hd]``. Each data shard runs its own ``while_loop`` until its own rows are done;
+  collectives only ever span ``model``.
+
+Choices, written down:
+
+- Logits are gathered over the vocabulary, not sampled distributedly: a verify step gathers
+  ``B * (gamma + 1) * V`` float32 logits (B=1, gamma=4, V=128256: 2.6 MB), nothing next to
+  the gigabytes of weights each chip streams per step, and it keeps penalties, top-k/top-p,
+  sampling and the acceptance test the exact code of the unsharded run, so the tokens are
+  the same for the same seed whatever the mesh (RNG keys are per row and travel with rows).
+- KV heads fewer than the ``model`` axis (Llama-3-8B: 8 KV heads, 16-way slice): each KV
+  head's wk/wv columns are repeated ``model / KV`` times (``shard_params``), so every shard
+  holds the one KV head its query heads read; replicas compute identical keys and values.
+- The drafter is replicated (computed whole on every ``model`` shard of its data shard, no
+  collectives) unless ``shard_drafter=True``; the early-exit drafter always runs on the
+  target's own shards, since its weights are the target's.
+- Batches that ``data`` does not divide are padded with one-token rows (dropped from the
+  results), as prompts are padded to buckets; head counts, MLP width and vocabulary must be
+  divisible (an error naming the axis and the sizes, before any compile).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from jaxspec.config import ModelConfig
+
+DATA, MODEL = "data", "model"
+AXES = (DATA, MODEL)
+
+# Param key -> how it splits over MODEL: column-parallel (output columns), row-parallel
+# (input rows; the embedding's rows are its vocabulary), or a per-column bias.
+_COLUMN = frozenset({"wq", "wk", "wv", "w_gate", "w_up", "lm_head"})
+_ROW = frozenset({"wo", "w_down", "embed"})
+_BIAS = frozenset({"bq", "bk", "bv"})
+
+
+def make_mesh(data: int = 1, model: int = 1, *, devices=None) -> Mesh:
+    """A ``(data, model)`` device mesh via ``jax.make_mesh`` (topology-aware device order).
+
+    Args:
+      data: batch rows are split over this many device groups.
+      model: the target's heads, MLP width and vocabulary are split over this many devices.
+      devices: default ``jax.devices()`` (all processes' devices under ``jax.distributed``).
+
+    Raises:
+      ValueError: a size < 1, or ``data * model`` not the number of devices.
+    """
+    for name, size in (("data", data), ("model", model)):
+        if not isinstance(size, (int, np.integer)) or size < 1:
+            raise ValueError(f"mesh axis {name!r} size must be an integer >= 1, got {size!r}")
+    devices = jax.devices() if devices is None else list(devices)
+    if data * model != len(devices):
+        raise ValueError(f"mesh {data}x{model} (data x model) needs {data * model} devices, there are {len(devices)}")
+    return jax.make_mesh((data, model), AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
+
+
+def parse_mesh(text: str) -> tuple[int, int]:
+    """``"2x4"`` -> ``(2, 4)`` (data, model). Raises ValueError on anything else."""
+    parts = str(text).lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError(f"mesh must be DATAxMODEL with positive integers, e.g. 2x4, got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+def auto_axes(mesh: Mesh) -> Mesh:
+    """``mesh`` with ``Auto`` axis types (``jax.make_mesh`` defaults to ``Explicit`` ones,
+    sharding-in-types, which the ``shard_map``-ed program does not use): same devices, same
+    axes, so arrays keep their layout."""
+    auto = (jax.sharding.AxisType.Auto,) * len(mesh.axis_names)
+    return mesh if tuple(mesh.axis_types) == auto else Mesh(mesh.devices, mesh.axis_names, axis_types=auto)
+
+
+def mesh_sizes(mesh: Mesh) -> tuple[int, int]:
+    """``(data, model)`` sizes. Raises ValueError when the axes are not exactly ``data, model``."""
+    if not isinstance(mesh, Mesh):
+        raise ValueError(f"mesh must be a jax.sharding.Mesh (jaxspec.make_mesh), got {type(mesh).__name__}")
+    if tuple(mesh.axis_names) != AXES:
+        raise ValueError(f"mesh axes must be {AXES} (jaxspec.make_mesh), got {tuple(mesh.axis_names)}")
+    return mesh.shape[DATA], mesh.shape[MODEL]
+
+
+def check_model_axis(config: ModelConfig, n: int, what: str = "target") -> None:
+    """Raise ValueError unless a ``model`` axis of size ``n`` can split ``config``: it must
+    divide n_heads, ffn_dim and vocab_size, and n_kv_heads must be a multiple or a divisor
+    of it (fewer KV heads than shards are repeated, see ``shard_params``)."""
+    for field in ("n_heads", "ffn_dim", "vocab_size"):
+        if getattr(config, field) % n:
+            raise ValueError(f"mesh axis 'model' (size {n}) must divide the {what}'s {field} "
+                             f"({getattr(config, field)}) of {config.name}")
+    k = config.n_kv_heads
+    if k % n and n % k:
+        raise ValueError(f"mesh axis 'model' (size {n}) and the {what}'s n_kv_heads ({k}) of {config.name} "
+                         f"must divide one another (each shard holds whole KV heads)")
+
+
+def kv_repeats(config: ModelConfig, n: int) -> int:
+    """How many times each KV head is stored so ``n`` shards each hold whole ones (>= 1)."""
+    return max(n // config.n_kv_heads, 1)
+
+
+def local_config(config: ModelConfig, n: int) -> ModelConfig:
+    """One shard's view of ``config`` split ``n`` ways over ``model``: local head counts and
+    MLP width, the full ``vocab_size`` (logits are gathered) and ``tp_axis = "model"``."""
+    check_model_axis(config, n)
+    return dataclasses.replace(
+        config, n_heads=config.n_heads // n, n_kv_heads=config.n_kv_heads * kv_repeats(config, n) // n,
+        ffn_dim=config.ffn_dim // n, tp_axis=MODEL,
+    )
+
+
+def _spec(key: str) -> P:
+    if key in _COLUMN:
+        return P(None, MODEL)
+    if key in _ROW:
+        return P(MODEL, None)
+    if key in _BIAS:
+        return P(MODEL)
+    return P()  # norms
+
+
+def param_specs(params: Any, sharded: bool = True) -> Any:
+    """PartitionSpecs of a params pytree (``jaxspec.models.llama`` layout), by leaf name:
+    columns of wq/wk/wv/w_gate/w_up/lm_head and q/k/v biases over ``model``, rows of
+    wo/w_down and the embedding's vocabulary over ``model``, norms replicated; everything
+    replicated when not ``sharded``. Accepts None (a drafter without params)."""
+    def spec(path, _):
+        return _spec(getattr(path[-1], "key", "")) if sharded else P()
+
+    return jax.tree_util.tree_map_with_path(spec, params)
+
+
+def checkpoint_specs(config: ModelConfig, mesh: Mesh):
+    """``fn(TensorSpec) -> PartitionSpec`` for restoring a checkpoint straight onto ``mesh``
+    (``jaxspec.load(..., mesh=)``); wk/wv/bk/bv stay replicated when KV heads must be repeated
+    (``shard_params`` then cuts each shard's repeated head out of them)."""
+    n = mesh_sizes(mesh)[1]
+    check_model_axis(config, n)
+    repeat = kv_repeats(config, n) > 1
+    return lambda spec: P() if repeat and spec.key in ("wk", "wv", "bk", "bv") else _spec(spec.key)
+
+
+def _repeat_kv(params: dict, config: ModelConfig, r: int) -> dict:
+    hd = config.head_dim
+
+    def rep(x):  # [..., K * hd] -> [..., K * r * hd], each head r times in a row
+        heads = x.reshape(x.shape[:-1] + (x.shape[-1] // hd, hd))
+        return jnp.repeat(heads, r, axis=-2).reshape(x.shape[:-1] + (-1,))
+
+    kv = ("wk", "wv", "bk", "bv")
+    layers = [{k: rep(v) if k in kv else v for k, v in layer.items()} for layer in params["layers"]]
+    return {**params, "layers": layers}
+
+
+def put(x, sharding: NamedSharding):
+    """``x`` (numpy or jax array, PRNG keys included) as a global array with ``sharding``.
+
+    Single process: ``jax.device_put`` (a no-op when ``x`` already has the sharding).
+    Multi-process (``jax.distributed``): arrays local to this process are cut into the
+    global array by ``jax.make_array_from_callback``; every process must pass the same value.
+    """
+    if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x))
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+        return x
+    if jax.process_count() == 1 or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def shard_params(params: dict, config: ModelConfig, mesh: Mesh, sharded: bool = True) -> dict:
+    """Place a model's params on ``mesh`` for ``generate(..., mesh=mesh)``: split over
+    ``model`` as ``param_specs`` says (after repeating KV heads when there are fewer than
+    ``model`` shards), or replicated when not ``sharded``. Idempotent: params already placed
+    (by an earlier call or ``jaxspec.load(..., mesh=)``) are returned as they are.
+
+    Args:
+      params: pytree in the ``jaxspec.models.llama`` layout for ``config``.
+
+    Raises:
+      ValueError: the ``model`` axis does not divide the heads, MLP width or vocabulary.
+    """
+    n, mesh = mesh_sizes(mesh)[1], auto_axes(mesh)
+    if not sharded:
+        return jax.tree_util.tree_map(lambda x: put(x, NamedSharding(mesh, P())), params)
+    check_model_axis(config, n)
+    r = kv_repeats(config, n)
+    if r > 1 and params["layers"][0]["wk"].shape[-1] == config.n_kv_heads * config.head_dim:
+        params = _repeat_kv(params, config, r)
+    return jax.tree_util.tree_map(lambda x, s: put(x, NamedSharding(mesh, s)), params, param_specs(params))
+
+
+def input_specs(inputs) -> Any:
+    """PartitionSpecs of ``engine.Inputs``: per-row arrays over ``data``, stop-string tables
+    (shared by all rows) replicated."""
+    rows = lambda tree: jax.tree_util.tree_map(lambda _: P(DATA), tree)  # noqa: E731
+    return dataclasses.replace(
+        inputs, prompt=P(DATA), prompt_lens=P(DATA), max_new_tokens=P(DATA), sampling=rows(inputs.sampling),
+        keys=P(DATA), stops=jax.tree_util.tree_map(lambda _: P(), inputs.stops),
+    )
+
+
+def _with_config(drafter, config: ModelConfig):
+    out = copy.copy(drafter)
+    object.__setattr__(out, "config", config)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How one ``generate`` call runs on a mesh (hashable: part of the compile-cache key).
+
+    Attributes:
+      mesh: the ``(data, model)`` mesh.
+      config: the target's per-shard ``ModelConfig`` (``local_config``).
+      drafter: the drafter as each shard runs it (a model drafter on sharded weights gets
+        its per-shard config), or None.
+      drafter_sharded: the drafter's params are split over ``model`` (else replicated).
+    """
+
+    mesh: Mesh
+    config: ModelConfig
+    drafter: Any
+    drafter_sharded: bool
+
+    @property
+    def data(self) -> int:
+        """Size of the ``data`` axis: batches are padded to a multiple of it."""
+        return self.mesh.shape[DATA]
+
+    def place(self, params, drafter_params, inputs, global_config: ModelConfig, drafter):
+        """``(params, drafter_params, inputs)`` placed on the mesh; ``drafter_params`` is
+        what ``drafter.select_params`` gives for the placed target params."""
+        params = shard_params(params, global_config, self.mesh)
+        if drafter is not None:
+            drafter_params = drafter.select_params(params, drafter_params)
+            if drafter_params is not None and not getattr(drafter, "shares_target_weights", False):
+                drafter_params = shard_params(drafter_params, drafter.config, self.mesh, self.drafter_sharded)
+        specs = input_specs(inputs)
+        inputs = jax.tree_util.tree_map(lambda x, s: put(x, NamedSharding(self.mesh, s)), inputs, specs)
+        return params, drafter_params, inputs
+
+    def wrap(self, fn):
+        """``fn(target, drafter_params, inputs) -> [B, X]`` (written for one shard) as the
+        whole-mesh function under ``jax.shard_map``, its output replicated on every device."""
+        def sharded(target, drafter_params, inputs):
+            in_specs = (param_specs(target), param_specs(drafter_params, self.drafter_sharded), input_specs(inputs))
+            # check_vma=False: the loop predicate and sampled tokens are identical across
+            # ``model`` shards by construction (gathered logits, replicated keys), which the
+            # varying-manual-axes check cannot see.
+            out = jax.shard_map(fn, mesh=self.mesh, in_specs=in_specs, out_specs=P(DATA), check_vma=False)(
+                target, drafter_params, inputs)
+            return jax.lax.with_sharding_constraint(out, NamedSharding(self.mesh, P()))
+
+        return sharded
+
+
+def plan(mesh: Mesh, config: ModelConfig, drafter=None, shard_drafter: bool = False) -> Plan:
+    """Check that ``mesh`` can run ``config`` (and the drafter) and return the ``Plan``.
+
+    Raises:
+      ValueError: the mesh's axes are not ``("data", "model")``; the ``model`` axis does not
+        divide the target's (or a sharded drafter's) heads, MLP width or vocabulary; names
+        the axis and the sizes. Raised before anything is compiled.
+    """
+    n, mesh = mesh_sizes(mesh)[1], auto_axes(mesh)
+    local = local_config(config, n)
+    drafter_sharded, local_drafter = False, drafter
+    if getattr(drafter, "shares_target_weights", False):
+        drafter_sharded, local_drafter = True, _with_config(drafter, local_config(drafter.config, n))
+    elif shard_drafter and hasattr(drafter, "config"):
+        check_model_axis(drafter.config, n, "drafter")
+        drafter_sharded, local_drafter = True, _with_config(drafter, local_config(drafter.config, n))
+    elif shard_drafter:
+        raise ValueError(f"shard_drafter=True needs a model drafter, got {type(drafter).__name__}")
+    return Plan(mesh, local, local_drafter, drafter_sharded)
+
+
+def device_bytes(tree) -> dict:
+    """Bytes of ``tree``'s arrays held by each device: ``{device: bytes}`` (what tests assert
+    about per-chip memory)."""
+    out: dict = {}
+    for x in jax.tree_util.tree_leaves(tree):
+        for shard in x.addressable_shards:
+            out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+    return out

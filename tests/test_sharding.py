@@ -1,0 +1,214 @@
+"""Sharded generation (DESIGN.md invariant 6): on 8 virtual CPU devices, meshes 1x8, 2x4, 4x2
+and 8x1 give the tokens of the unsharded run, greedy and seeded sampling (with penalties and
+truncation), batch 1 and 4 (padded to the data axis), every drafter kind on two meshes
+(``sharded_cases.CASES``: not the full cross product, to keep compiles few), a target with
+every family switch, logprobs; each device holds its share of the target's bytes; an orbax
+checkpoint restores onto the mesh; two processes joined by ``jax.distributed`` give the
+tokens of one; bad meshes fail before any compile.
+
+The device count is fixed when JAX starts, so the runs happen in subprocesses
+(``tests/sharded_cases.py``, which prints JSON); tests here assert on that JSON. Tokens must
+be equal, not close: the sharded target sums partial matmuls in another order, which moves
+float32 logits by ulps, and an argmax or a sampled token flips only at a near tie, which these
+fixed seeds and models do not hit (the unsharded run is the reference, as for invariant 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import jaxspec
+from jaxspec import launch, sharding
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from sharded_cases import CASES, EXPLICIT_CASE, MULTI_CASES, ORBAX_CASE  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+       "JAX_PLATFORMS": "cpu"}
+
+
+def _json(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> str:
+    """Where the single-process run writes the tiny target as an orbax checkpoint."""
+    return str(tmp_path_factory.mktemp("sharded") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def single(checkpoint) -> dict:
+    """Every case of ``sharded_cases.CASES`` on one 8-device process (about 17 compiles)."""
+    cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "single", checkpoint]
+    return _json(subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=900))
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_mesh_gives_unsharded_tokens(single, name):
+    """Tokens and per-row accepted/drafted counts equal the unsharded run's, row by row."""
+    case = single["cases"][name]
+    assert case["sharded"]["tokens"] == case["ref"]["tokens"]
+    assert case["sharded"]["accepted"] == case["ref"]["accepted"]
+    assert case["sharded"]["drafted"] == case["ref"]["drafted"]
+    assert all(len(t) == 10 for t in case["sharded"]["tokens"])  # max_new_tokens, EOS ignored
+    if "logprobs" in case["ref"]:
+        # float32 logits from psum'd partial matmuls move by ulps: 1e-4 is the CLI's
+        # tolerance for logprobs of one model run two ways (cli.LOGPROB_TOLERANCE)
+        gap = max(abs(a - b) for ra, rb in zip(case["ref"]["logprobs"], case["sharded"]["logprobs"])
+                  for a, b in zip(ra, rb))
+        assert gap <= 1e-4, gap
+        assert case["sharded"]["top_ids"] == case["ref"]["top_ids"]
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_one_program_per_generate(single, name):
+    """Prefill and the whole draft-verify loop are one compiled program under the mesh: each
+    sharded call compiles exactly one executable, with the while loop inside it and, when
+    the model axis is > 1, the tensor-parallel all-reduces and the logits all-gather."""
+    case = next(c for c in CASES if c.name == name)
+    sharded = single["cases"][name]["sharded"]
+    assert sharded["new_programs"] == 1
+    assert sharded["hlo"]["while("] >= 1
+    if case.mesh[1] > 1:
+        assert sharded["hlo"]["all-reduce("] >= 1 and sharded["hlo"]["all-gather("] >= 1, sharded["hlo"]
+
+
+def test_sharded_cases_accept_drafts(single):
+    """The comparison covers multi-token commits: with the noisy-target drafter and early exit,
+    every batch-4 row accepts drafts (seen: 5-8 of 10 tokens per row)."""
+    for name in ("1x8-model_sharded-b4", "8x1-model-b4", "4x2-early_exit-b4"):
+        assert min(single["cases"][name]["sharded"]["accepted"]) > 0, name
+
+
+def test_each_device_holds_its_share(single):
+    """Per-device bytes from the arrays' shardings: on 4x2 every device holds exactly half of
+    the target's sharded bytes plus the replicated norms; on 1x8 an eighth, except that wk/wv
+    (2 KV heads < 8 shards) are repeated 4x, so each device holds 4/8 of their bytes."""
+    p = single["placement"]
+    sharded = p["total"] - p["norms"]
+    assert p["4x2"] == [sharded // 2 + p["norms"]] * 8
+    assert p["1x8"] == [(sharded - p["kv"]) // 8 + p["kv"] * 4 // 8 + p["norms"]] * 8
+    # "about 1/N": within 1/N + 4% of the whole model for this tiny model (norms and the
+    # repeated KV heads are 3% of it; on Llama-3-8B over 16 chips they are 0.1%)
+    assert max(p["1x8"]) <= p["total"] * (1 / 8 + 0.04)
+
+
+def test_orbax_restores_onto_mesh(single):
+    """``load(orbax_dir, mesh=)`` gives the layout and values of ``shard_params`` (KV heads
+    repeated after the restore) and the same tokens."""
+    o = single["orbax"]
+    assert o["same_layout"] and o["same_values"]
+    assert o["new_programs"] == 0  # the program compiled for shard_params' layout serves it
+    assert o["tokens"] == single["cases"][ORBAX_CASE.name]["ref"]["tokens"]
+
+
+def test_hand_built_mesh(single):
+    """A ``jax.make_mesh((2, 4), ("data", "model"))`` mesh (Explicit axis types) runs the
+    program compiled for ``jaxspec.make_mesh(2, 4)`` and gives the same tokens."""
+    e = single["explicit_mesh"]
+    assert e["new_programs"] == 0
+    assert e["tokens"] == single["cases"][EXPLICIT_CASE]["sharded"]["tokens"]
+
+
+def test_bad_mesh_errors(single):
+    """Clear errors naming the axis and the sizes, raised before anything is compiled."""
+    e = single["errors"]
+    assert e["heads"] == "mesh axis 'model' (size 8) must divide the target's n_heads (4) of tp-target"
+    assert "'model' (size 2)" in e["kv_heads"] and "n_kv_heads (3)" in e["kv_heads"]
+    assert "'model' (size 8)" in e["vocab"] and "vocab_size (60)" in e["vocab"]
+    assert "('data', 'model')" in e["axis_names"] and "('x',)" in e["axis_names"]
+    assert "NGramDrafter" in e["ngram_sharded"]
+    assert e["device_count"] == "mesh 3x3 (data x model) needs 9 devices, there are 8"
+    assert "'2x'" in e["parse"]
+    assert e["compiled_before_errors"] == 0
+
+
+def test_two_processes_match_one(single, checkpoint):
+    """Two processes (``jax.distributed`` with a loopback coordinator, gloo CPU collectives,
+    4 devices each) give the single-process tokens on a 2x4 mesh (data split across the
+    processes) and a 1x8 mesh (every all-reduce crosses processes), also with the target
+    restored from orbax straight onto the 1x8 mesh (each process reads its own shards)."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "multi", str(port)]
+    procs = [subprocess.Popen(cmd + [str(rank), checkpoint], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=ENV) for rank in range(2)]
+    outs = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append(_json(subprocess.CompletedProcess(cmd, p.returncode, stdout, stderr)))
+    for out in outs:
+        assert out["process_count"] == 2
+        for name in MULTI_CASES:
+            assert out[name]["tokens"] == single["cases"][name]["sharded"]["tokens"], name
+            assert out[name]["accepted"] == single["cases"][name]["sharded"]["accepted"], name
+        assert out["orbax"]["tokens"] == single["cases"][ORBAX_CASE.name]["ref"]["tokens"]
+
+
+def test_local_config_llama3_8b_on_16_chips():
+    """Llama-3-8B (32 heads, 8 KV heads, F 14336) on a 16-way model axis: 2 query heads and
+    one KV head per shard, each KV head stored twice (kv_repeats 2), F / 16 = 896."""
+    cfg = jaxspec.ModelConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128,
+                              ffn_dim=14336, name="llama3-8b")
+    local = sharding.local_config(cfg, 16)
+    assert (local.n_heads, local.n_kv_heads, local.ffn_dim, local.vocab_size) == (2, 1, 896, 128256)
+    assert local.tp_axis == "model" and sharding.kv_repeats(cfg, 16) == 2
+    assert "tp_axis" not in local.to_dict()  # runtime only: never written to a checkpoint manifest
+    with pytest.raises(ValueError, match=r"'model' \(size 3\) must divide the target's n_heads \(32\)"):
+        sharding.local_config(cfg, 3)
+
+
+def test_cli_mesh_flag_and_launch_errors():
+    """``--mesh`` parses DATAxMODEL and fails clearly on bad values or too few devices (this
+    pytest process has 1 CPU device); ``launch.initialize`` needs all three addresses or none."""
+    from jaxspec import cli
+
+    parse = lambda *a: cli._parser().parse_args(["generate", "hi", *a])  # noqa: E731
+    assert parse("--mesh", "2x4").mesh == "2x4"
+    with pytest.raises(SystemExit, match="--mesh: mesh 2x4 .* needs 8 devices, there are 1"):
+        cli._mesh(parse("--mesh", "2x4"))
+    with pytest.raises(SystemExit, match="--mesh: mesh must be DATAxMODEL"):
+        cli._mesh(parse("--mesh", "8"))
+    with pytest.raises(SystemExit, match="--shard-drafter needs --mesh"):
+        cli._mesh(parse("--shard-drafter"))
+    assert cli._mesh(parse("--mesh", "1x1")).shape == {"data": 1, "model": 1}
+    with pytest.raises(ValueError, match="all of coordinator, num_processes and process_id"):
+        launch.initialize("localhost:1234", None, 0)
+    with pytest.raises(ValueError, match=r"process_id must be in \[0, num_processes=2\), got 2"):
+        launch.initialize("localhost:1234", 2, 2)
+
+
+def test_scaleout_table_arithmetic():
+    """The README's worked example (Llama-3-8B on v5e-8) from ``benchmarks/scaleout_table.py``:
+    7.50 B params read per step / 8 chips x 2 bytes + 32 x 2 x 2048 x 128 x 2 bytes of KV,
+    at 819 GB/s; Llama-3-70B in bfloat16 does not fit v5e-8's 16 GiB per chip but fits v6e-8."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+    import scaleout_table as t
+
+    l8, l70 = t.MODELS
+    v5e, v5p, v6e = t.CHIPS
+    r = t.step_cost(l8, v5e)
+    head = 128256 * 4096
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336
+    read = (32 * layer + head) / 8 * 2 + 32 * 2 * 2048 * 1 * 128 * 2
+    assert r["params_b"] == pytest.approx(8.03, abs=0.005)  # Llama-3-8B's published size
+    assert r["read_per_step_gb"] == pytest.approx(read / 1e9, rel=1e-12)
+    assert r["floor_ms"] == pytest.approx(read / 819e9 * 1e3, rel=1e-12)
+    assert t.step_cost(l70, v5e)["params_b"] == pytest.approx(70.55, abs=0.01)
+    assert not t.step_cost(l70, v5e)["fits"] and t.step_cost(l70, v6e)["fits"] and t.step_cost(l70, v5p)["fits"]
+    assert v5p.chips == 4  # v5p-8 names 8 TensorCores, 2 per chip
