@@ -60,7 +60,7 @@ def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
       FileNotFoundError: the path does not exist, or the package that ships the named model
         is not installed (the message gives the command that installs it).
     """
-    from jaxspec.checkpoints import loading
+    from jaxspec.checkpoints import loading, orbax_io
 
     path = loading.resolve(name_or_path)
     kind = loading.checkpoint_kind(path)
