@@ -60,29 +60,23 @@ class Case:
     name: str
     mesh: tuple  # (data, model)
     drafter: str  # plain, ngram, early_exit, model
-    batch: int  # 1 or 4
-    temperature: float | None = None  # batch 1 only (batch 4 mixes greedy and sampled rows)
+    batch: int  # 1 (run greedy, then sampled: one program) or 4 (greedy and sampled rows mixed)
     shard_drafter: bool = False
     config: jaxspec.ModelConfig = TARGET
     logprobs: int | None = None
 
 
-# Every mesh at batch 4 and at batch 1; every drafter kind on two meshes (compiles dominate
-# the time: one per case plus one per distinct unsharded reference).
-CASES = [
+MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
+KINDS = ["plain", "ngram", "early_exit", "model"]
+# The full cross product: every mesh x every drafter x batch 1 and 4 (greedy and sampled
+# each), plus a draft model split over `model` and a target with every family switch.
+CASES = [Case(f"{d}x{m}-{kind}-b{b}", (d, m), kind, b) for d, m in MESHES for kind in KINDS for b in (1, 4)] + [
     Case("1x8-model_sharded-b4", (1, 8), "model", 4, shard_drafter=True),
-    Case("2x4-ngram-b4", (2, 4), "ngram", 4),
-    Case("4x2-early_exit-b4", (4, 2), "early_exit", 4),
-    Case("8x1-model-b4", (8, 1), "model", 4),
-    Case("1x8-plain-b1", (1, 8), "plain", 1, 0.0),
-    Case("2x4-model-b1", (2, 4), "model", 1, 1.0),
-    Case("4x2-ngram-b1", (4, 2), "ngram", 1, 1.0),
-    Case("8x1-early_exit-b1", (8, 1), "early_exit", 1, 0.0),
     Case("2x4-families-logprobs-b4", (2, 4), "plain", 4, config=FAMILIES, logprobs=2),
 ]
 MULTI_CASES = ("2x4-ngram-b4", "1x8-plain-b1")  # also run by two processes
 EXPLICIT_CASE = "2x4-ngram-b4"  # rerun on jax.make_mesh's own mesh
-ORBAX_CASE = CASES[4]  # rerun on params restored from orbax onto the mesh (same program)
+ORBAX_CASE = next(c for c in CASES if c.name == "1x8-plain-b1")  # rerun on params restored from orbax
 
 
 def models(config=TARGET):
@@ -101,14 +95,19 @@ def drafter(kind, draft_params):
 
 
 def run(params, draft_params, case: Case, mesh=None):
+    """Generate for ``case`` (batch 1: greedy, then sampled with the same program)."""
     d, dp = drafter(case.drafter, draft_params)
-    settings = dict(SETTINGS[case.batch], **({} if case.temperature is None else {"temperature": case.temperature}))
     n_programs = len(jaxspec.api._COMPILED)
-    out = jaxspec.generate(params, PROMPTS[: case.batch], config=case.config, drafter=d, drafter_params=dp,
-                           max_new_tokens=10, ignore_eos=True, seed=3, mesh=mesh, shard_drafter=case.shard_drafter,
-                           logprobs=case.logprobs, **settings)
-    result = {"tokens": out.tokens, "accepted": out.metrics.accepted.tolist(), "drafted": out.metrics.drafted.tolist(),
-              "new_programs": len(jaxspec.api._COMPILED) - n_programs}
+    result = {"tokens": [], "accepted": [], "drafted": []}
+    for temperature in ((0.0, 1.0) if case.batch == 1 else (None,)):
+        settings = dict(SETTINGS[case.batch], **({} if temperature is None else {"temperature": temperature}))
+        out = jaxspec.generate(params, PROMPTS[: case.batch], config=case.config, drafter=d, drafter_params=dp,
+                               max_new_tokens=10, ignore_eos=True, seed=3, mesh=mesh, shard_drafter=case.shard_drafter,
+                               logprobs=case.logprobs, **settings)
+        result["tokens"] += out.tokens
+        result["accepted"] += out.metrics.accepted.tolist()
+        result["drafted"] += out.metrics.drafted.tolist()
+    result["new_programs"] = len(jaxspec.api._COMPILED) - n_programs
     if case.logprobs is not None:
         result["logprobs"] = out.logprobs
         result["top_ids"] = [[[i for i, _ in alts] for alts in row] for row in out.top_logprobs]
