@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import os
 import time
+import weakref
 from typing import Any, Sequence
 
 import jax
@@ -195,7 +196,7 @@ def _token_table(tokenizer, vocab_size: int):
 
 
 _COMPILED: dict = {}
-_PAIRED: set = set()  # (id(target Model), id(draft Model)) already checked by check_pair
+_PAIRED: dict = {}  # (id(target), id(draft)) -> weak refs of the Model pair check_pair accepted
 
 
 def generate(
@@ -268,9 +269,11 @@ def generate(
         if config is None:
             raise ValueError("config is required when model is a params pytree")
     if isinstance(drafter_params, Model):
-        if isinstance(model, Model) and (id(model), id(drafter_params)) not in _PAIRED:
+        pair = (id(model), id(drafter_params))
+        seen = _PAIRED.get(pair)
+        if isinstance(model, Model) and (seen is None or seen[0]() is not model or seen[1]() is not drafter_params):
             check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
-            _PAIRED.add((id(model), id(drafter_params)))
+            _PAIRED[pair] = (weakref.ref(model), weakref.ref(drafter_params))
         drafter_params = drafter_params.params
     prompts = _prompt_ids(prompt, tokenizer, chat)
     for i, r in enumerate(prompts):
