@@ -120,6 +120,13 @@ def _stop_strings(stops: StopTables, tail, new, allowed):
     return jax.lax.cond(jnp.any(stops.active), scan, skip, tail)
 
 
+def _may_stop(sp: SamplingParams, n_generated, width: int):
+    """bool ``[B, width]``: whether a stop string completed by the j-th of the next ``width``
+    tokens (generated token number ``n_generated + j``, from 0) counts: only once the output
+    holds ``min_new_tokens`` tokens, as vLLM."""
+    return (n_generated[:, None] + jnp.arange(width)[None] + 1) >= sp.min_new_tokens[:, None]
+
+
 def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Inputs, max_len: int, gamma: int,
              logprobs: LogprobsSpec | None):
     b, p = inputs.prompt.shape
@@ -141,7 +148,7 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
         lp = Logprobs(jnp.zeros((b, max_len)), jnp.zeros((b, max_len, n), jnp.int32), jnp.zeros((b, max_len, n)))
         lp = _write_logprobs(lp, logprobs.of(logits, probs, first[:, None]), inputs.prompt_lens)
     tails, hit = _stop_strings(inputs.stops, stopping.empty_tail(b, inputs.stops), first[:, None],
-                               (sp.min_new_tokens <= 1)[:, None])
+                               _may_stop(sp, history.n_generated, 1))
     drafter_state = None if drafter is None else drafter.init(drafter_params, inputs.prompt, inputs.prompt_lens, max_len)
     zeros = jnp.zeros((b,), jnp.int32)
     return LoopState(
@@ -198,9 +205,8 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
     with jax.named_scope("commit"):
         slot = jnp.arange(gamma + 1)[None]
         in_block = slot <= n_acc[:, None]
-        # Token j of the block is generated token number n_generated + j (from 0).
-        may_stop = (s.history.n_generated[:, None] + slot + 1) >= sp.min_new_tokens[:, None]
-        tails, string_stop = _stop_strings(inputs.stops, s.tail, new, in_block & may_stop)
+        may_stop = in_block & _may_stop(sp, s.history.n_generated, gamma + 1)
+        tails, string_stop = _stop_strings(inputs.stops, s.tail, new, may_stop)
         is_stop = (sp.is_stop(new) | string_stop) & in_block
         first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), gamma + 1)
         room = inputs.max_new_tokens - (s.seq_lens - inputs.prompt_lens)
@@ -210,7 +216,8 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         tokens = cache_lib.write(s.tokens, new, s.seq_lens)
         seq_lens = s.seq_lens + n_keep
         done = s.done | (first_stop < n_keep) | (n_keep >= room)
-        tail = jnp.where((n_keep > 0)[:, None], jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0], s.tail)
+        kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
+        tail = jnp.where((n_keep > 0)[:, None], kept_tail, s.tail)
         if drafter is not None:
             drafter_state = drafter.commit(drafter_params, drafter_state, tokens, seq_lens, n_acc)
         counted = active.astype(jnp.int32)

@@ -8,7 +8,8 @@ Processing order (that of Hugging Face ``generate``'s logits processors and warp
    when positive, multiplied by r when negative) over prompt and generated tokens; frequency
    and presence (OpenAI API: ``logit - f * count - p * (count > 0)``) over generated tokens
    only, as vLLM and OpenAI count them;
-2. ``min_new_tokens``: stop token ids get logit -inf while fewer tokens have been generated;
+2. ``min_new_tokens``: stop token ids get logit -inf while fewer tokens have been generated
+   (skipped by ``lax.cond`` once every row has enough);
 3. temperature: 0 means greedy, a one-hot distribution on the argmax;
 4. truncation (skipped by ``lax.cond`` when no row uses it): top-k, then top-p (nucleus,
    Holtzman et al. 2020) on the renormalised top-k distribution, then min-p (Nguyen et al.
@@ -144,6 +145,16 @@ def _apply_penalties(logits, sp: SamplingParams, counts, in_prompt):
     return logits - col(sp.frequency_penalty) * counts - col(sp.presence_penalty) * (counts > 0)
 
 
+def _suppress_stops(logits, sp: SamplingParams, history: History):
+    """Stop ids get logit -inf at window positions t whose token (number n_generated + t, from
+    0) comes before ``min_new_tokens``."""
+    b, t, v = logits.shape
+    rows = jnp.arange(b)[:, None]
+    is_stop = jnp.zeros((b, v), bool).at[rows, jnp.where(sp.stop_ids >= 0, sp.stop_ids, v)].set(True, mode="drop")
+    early = (history.n_generated[:, None] + jnp.arange(t)[None]) < sp.min_new_tokens[:, None]
+    return jnp.where(early[..., None] & is_stop[:, None], -jnp.inf, logits)
+
+
 def _bits(x):
     return jax.lax.bitcast_convert_type(x, jnp.int32)
 
@@ -229,10 +240,8 @@ def processed_probs(
     if history is not None:
         penalize = lambda x: _apply_penalties(x, sp, window_counts(history, drafts, t), history.in_prompt)  # noqa: E731
         x = jax.lax.cond(sp.uses_penalties(), penalize, lambda x: x, x)
-        rows = jnp.arange(b)[:, None]
-        is_stop = jnp.zeros((b, v), bool).at[rows, jnp.where(sp.stop_ids >= 0, sp.stop_ids, v)].set(True, mode="drop")
-        early = (history.n_generated[:, None] + jnp.arange(t)[None]) < sp.min_new_tokens[:, None]
-        x = jnp.where(early[..., None] & is_stop[:, None], -jnp.inf, x)
+        x = jax.lax.cond(jnp.any(history.n_generated < sp.min_new_tokens),
+                         lambda x: _suppress_stops(x, sp, history), lambda x: x, x)
     temp = sp.temperature[:, None, None]
     # Subtract the max before dividing: a tiny temperature would otherwise overflow to inf - inf.
     shifted = x - jnp.max(x, axis=-1, keepdims=True)
