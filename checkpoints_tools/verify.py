@@ -56,14 +56,14 @@ def jaxspec_logits(model, ids: list[list[int]]) -> list[np.ndarray]:
     import jax.numpy as jnp
 
     from jaxspec.cache import KVCache
-    from jaxspec.models import llama
+    from jaxspec import models
 
     out = []
     for row in ids:
         t = len(row)
         cache = KVCache.zeros(model.config, 1, t, jnp.float32)
-        logits, _, _ = llama.forward(model.params, model.config, jnp.asarray([row], jnp.int32),
-                                     jnp.arange(t, dtype=jnp.int32)[None], cache)
+        logits = models.forward(model.params, model.config, jnp.asarray([row], jnp.int32),
+                                jnp.arange(t, dtype=jnp.int32)[None], cache).logits
         out.append(np.asarray(logits[0]))
     return out
 

@@ -4,6 +4,11 @@
     model = jaxspec.load("smollm2-135m")
     out = jaxspec.generate(model, "Hello", drafter=jaxspec.NGramDrafter(gamma=4))
     print(out.text, out.metrics.tau)
+
+Shape letters, the same in every module's names, docstrings and einsum strings:
+B batch, T new tokens, S cache slots, P padded prompt length, N draft-tree nodes,
+W = N + 1 verify-window entries (root + nodes), D model width, H query heads, K KV heads,
+h head dim, F MLP width, V vocabulary, E stop ids, L bytes of a stop-string tail.
 """
 
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load

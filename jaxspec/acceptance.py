@@ -1,69 +1,109 @@
-"""Speculative acceptance: which draft tokens to keep and which token to add.
+"""Speculative acceptance over a draft tree: which path to keep and which token to add.
 
-The rule is speculative sampling (Leviathan et al. 2023, "Fast Inference from Transformers
-via Speculative Decoding", Alg. 1; Chen et al. 2023, "Accelerating Large Language Model
-Decoding with Speculative Sampling", Alg. 2): draft token ``d_i`` is accepted with probability
-``min(1, p_i(d_i) / q_i(d_i))``; at the first rejection the replacement is drawn from the
-residual ``norm(max(0, p_i - q_i))``; when all ``gamma`` drafts are accepted a bonus token is
-drawn from ``p_gamma``. The emitted tokens then follow p exactly.
+The rule is multi-candidate speculative sampling (SpecInfer, Miao et al. 2024, "SpecInfer:
+Accelerating Generative LLM Serving with Tree-based Speculative Inference and
+Verification", Sec. 4.2, Alg. 2), which is speculative sampling (Leviathan et al. 2023,
+Alg. 1; Chen et al. 2023, Alg. 2) tried sibling after sibling. Walking down from the root,
+at the current node with target distribution p:
 
-One rule covers every case:
-- greedy (temperature 0): p and q are one-hot (``jaxspec.sampling``), so ``d_i`` is accepted
-  iff it equals the target's argmax and the replacement is that argmax;
-- deterministic drafters (n-gram lookup) propose without q: q is the one-hot of the draft, so
-  ``d_i`` is accepted with probability ``p_i(d_i)`` and the residual is p without ``d_i``
-  (the rule that is exact for a one-hot proposal);
-- plain decoding is ``gamma = 0``: the "bonus" token is a sample from p.
+- the residual starts as r = p; each child c (in node order) is accepted with probability
+  ``min(1, r(c) / q_c(c))``; on acceptance the walk moves to c (r = the target's p after c);
+- on rejection the residual becomes ``r = norm(max(0, r - q_c))`` and the next sibling is
+  tried;
+- when no child is accepted, the emitted token is drawn from r: the replacement, or the
+  bonus token when the walk ended at a leaf.
+
+``q_c`` is the distribution the drafter drew c from. Deterministic drafters (n-gram lookup,
+top-k trees) give none: ``q_c`` is then the one-hot of c, so c is accepted with probability
+``r(c)`` and a rejection removes c from r and renormalises, the rule EAGLE-2 uses for
+distinct top-k siblings (Li et al. 2024, Sec. 4). Either way the emitted tokens follow p
+exactly. One rule covers every case:
+
+- a chain is the tree whose nodes each have one child: exactly speculative sampling;
+- greedy (temperature 0): p is one-hot on the argmax (``jaxspec.sampling``), so the walk
+  follows the longest path whose every token is the target's argmax after its parent, and
+  the token added is the target's argmax after it;
+- plain decoding is the empty tree: the "bonus" token is a sample from p.
+
+Since a node's children come after it, one pass over the nodes in index order is the whole
+walk (a node is a candidate when its parent is the current node): N steps of O(V) work.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 
 from jaxspec.sampling import fold_rows, sample
+from jaxspec.tree import Tree
 
 
-def accept(keys: jax.Array, p: jax.Array, q: jax.Array | None, drafts: jax.Array):
-    """Verify a window of draft tokens against the target.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Accepted:
+    """Result of verifying one tree per row (W = N + 1 window entries).
+
+    Attributes:
+      n_accepted: int32 ``[B]`` in ``[0, N]``, drafts accepted (the accepted path's depth).
+      path: int32 ``[B, W]``, window indices of the emitted tokens' positions: ``path[:, 0]``
+        is the root (0), ``path[:, k]`` for ``k <= n_accepted`` the k-th accepted node; the
+        emitted token k is scored by the target at window entry ``path[:, k]``. Entries past
+        ``n_accepted`` repeat the last accepted entry.
+      tokens: int32 ``[B, W]``, the emitted tokens: the accepted drafts, then the replacement
+        or bonus token; entries past ``n_accepted`` are unspecified.
+    """
+
+    n_accepted: jax.Array
+    path: jax.Array
+    tokens: jax.Array
+
+
+def accept(keys: jax.Array, p: jax.Array, q: jax.Array | None, tree: Tree) -> Accepted:
+    """Verify a draft tree against the target.
 
     Args:
       keys: ``[B]`` PRNG key array, one per row (a row's result depends only on its own key).
-      p: float32 ``[B, gamma + 1, V]``, target's processed distributions at the positions
-        after ``last, d_1, ..., d_gamma``.
-      q: float32 ``[B, gamma, V]``, drafter's processed distributions ``d_i`` was drawn from,
-        or ``None`` for deterministic drafters (treated as one-hot on ``drafts``).
-      drafts: int32 ``[B, gamma]``; ``-1`` marks "no draft" (a drafter that found nothing to
-        propose): that position is rejected and its replacement drawn from p itself, which is
-        what q = 0 gives in the residual.
+      p: float32 ``[B, W, V]``, the target's processed distribution of the token after each
+        window entry (root, then the nodes).
+      q: float32 ``[B, N, V]``, the distribution each node was drawn from, or None for
+        deterministic drafters (one-hot on each node's token).
+      tree: the window's ``Tree`` (``Tree.of(root, proposal)``); invalid nodes are never
+        candidates, which is what q = 0 at a rejected position gives.
 
     Returns:
-      ``(n_accepted int32[B] in [0, gamma], tokens int32[B, gamma + 1])``: the first
-      ``n_accepted + 1`` entries of ``tokens`` are the emitted tokens (the accepted drafts,
-      then the replacement or bonus token); later entries are unspecified.
+      ``Accepted``.
     """
-    b, g1, v = p.shape
-    gamma = g1 - 1
-    valid = drafts >= 0
-    q = jax.nn.one_hot(drafts, v, dtype=p.dtype) if q is None else jnp.where(valid[..., None], q, 0.0)
-    drafts = jnp.where(valid, drafts, 0)
+    b, w, v = p.shape
+    n = w - 1
     key_u, key_r = fold_rows(keys, 0), fold_rows(keys, 1)
-    u = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(key_u)
-    p_d = jnp.take_along_axis(p[:, :gamma], drafts[..., None], axis=-1)[..., 0]
-    q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
-    accepted = valid & (u * q_d < p_d)  # u < min(1, p/q) without dividing; q_d > 0 for a sampled d
-    n_accepted = jnp.sum(jnp.cumprod(accepted, axis=1), axis=1).astype(jnp.int32)
+    u = jax.vmap(lambda k: jax.random.uniform(k, (n,)))(key_u)  # one uniform per node
+    rows = jnp.arange(b)
 
-    p_next = jnp.take_along_axis(p, n_accepted[:, None, None], axis=1)[:, 0]  # [B, V]
-    q_pad = jnp.concatenate([q, jnp.zeros((b, 1, v), q.dtype)], axis=1)
-    q_next = jnp.take_along_axis(q_pad, n_accepted[:, None, None], axis=1)[:, 0]
-    residual = jnp.maximum(p_next - q_next, 0.0)
-    mass = jnp.sum(residual, axis=-1, keepdims=True)
-    # mass == 0 only when p == q at a rejected position, which has probability 0; fall back to p.
-    residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_next)
-    next_token = sample(key_r, residual)
+    def visit(i, carry):
+        current, depth, residual, path, emitted = carry
+        node = i + 1
+        token = tree.tokens[:, node]
+        candidate = tree.valid[:, node] & (tree.parent[:, node] == current)
+        q_i = jax.nn.one_hot(token, v, dtype=p.dtype) if q is None else q[:, i]
+        r_c = residual[rows, token]
+        accepted = candidate & (u[:, i] * q_i[rows, token] < r_c)  # u < min(1, r/q) without dividing
+        rejected = candidate & ~accepted
+        left = jnp.maximum(residual - q_i, 0.0)
+        mass = jnp.sum(left, axis=-1, keepdims=True)
+        # mass == 0 only when r == q on a rejected candidate, which has probability 0: keep r.
+        left = jnp.where(mass > 0, left / jnp.where(mass > 0, mass, 1.0), residual)
+        residual = jnp.where(accepted[:, None], p[:, node], jnp.where(rejected[:, None], left, residual))
+        depth = depth + accepted
+        path = jnp.where(accepted[:, None] & (jnp.arange(w)[None] >= depth[:, None]), node, path)
+        emitted = emitted.at[rows, jnp.where(accepted, depth - 1, w)].set(token, mode="drop")
+        current = jnp.where(accepted, node, current)
+        return current, depth, residual, path, emitted
 
-    drafts_pad = jnp.concatenate([drafts, jnp.zeros((b, 1), drafts.dtype)], axis=1)
-    positions = jnp.arange(g1)[None, :]
-    tokens = jnp.where(positions < n_accepted[:, None], drafts_pad, next_token[:, None])
-    return n_accepted, tokens.astype(jnp.int32)
+    zeros = jnp.zeros((b,), jnp.int32)
+    init = (zeros, zeros, p[:, 0], jnp.zeros((b, w), jnp.int32), jnp.zeros((b, w), jnp.int32))
+    _, n_accepted, residual, path, emitted = jax.lax.fori_loop(0, n, visit, init) if n else init
+    last = sample(key_r, residual)
+    emitted = emitted.at[rows, n_accepted].set(last)
+    return Accepted(n_accepted=n_accepted, path=path, tokens=emitted)

@@ -309,7 +309,7 @@ def generate(
         plan = sharding.plan(mesh, config, drafter, shard_drafter)
     elif drafter is not None:
         drafter_params = drafter.select_params(params, drafter_params)
-    gamma = 0 if drafter is None else drafter.gamma
+    gamma = 0 if drafter is None else drafter.gamma  # depth: accepted_at has one column per draft depth
     stops = list(dict.fromkeys(([] if sc.ignore_eos else list(config.eos_ids)) + list(sc.stop_token_ids)))
     bad = [t for t in sc.stop_token_ids if not 0 <= t < config.vocab_size]
     if bad:
@@ -319,7 +319,7 @@ def generate(
     stops += [-1] * (_round_up(max(len(stops), 1), STOP_BUCKET) - len(stops))  # -1 never matches
 
     p = _round_up(int(lens.max()), PROMPT_BUCKET)
-    cache_len = _round_up(p + int(max_new.max()) + gamma + 1, CACHE_BUCKET)
+    cache_len = _round_up(p + int(max_new.max()) + engine.window(drafter), CACHE_BUCKET)
     numeric = {name: per_row(name) for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                                                  "frequency_penalty", "presence_penalty", "min_new_tokens")}
     real_rows = rows

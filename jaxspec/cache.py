@@ -4,8 +4,10 @@ One ``KVCache`` holds, per layer, keys and values of shape ``[B, S, KV, hd]`` (b
 slots, KV heads, head dim). Slot ``s`` holds the token at absolute position ``s``. Shapes never
 change during generation: each sequence tracks its own length outside the cache (the engine's
 ``seq_lens``), writes go to that sequence's own offset, and entries past a sequence's length
-are stale; attention masks them by position (key position <= query position) until they are
-overwritten. Rolling back rejected draft tokens therefore costs nothing.
+are stale; attention masks them (by position, or by the tree mask) until they are
+overwritten. A verify step writes its whole draft tree into the window of slots after the
+committed text; ``KVCache.keep_path`` then moves the accepted path's entries into contiguous
+slots, so rejected branches cost nothing and are never visible to later steps.
 """
 
 from __future__ import annotations
@@ -42,6 +44,29 @@ class KVCache:
     def max_len(self) -> int:
         """S, slots per sequence."""
         return self.k[0].shape[1]
+
+    def keep_path(self, start: jax.Array, path: jax.Array, span: int | None = None) -> "KVCache":
+        """The cache after verification kept one path of a tree written at ``start``.
+
+        Args:
+          start: int32 ``[B]``, the window's first slot (the root's).
+          path: int32 ``[B, W]``, window indices to keep, in order (``Accepted.path``): slot
+            ``start + k`` receives the entry that was at ``start + path[:, k]``. The caller
+            guarantees ``start + span <= S``.
+          span: slots after ``start`` the entries are read from (default W); a drafter that
+            lays its tree out over more slots than it keeps passes its layout's width.
+
+        Returns:
+          The updated cache; slots past the kept path are stale (never visible again before
+          they are overwritten). For a chain the path is ``0, 1, 2, ...``: the identity.
+        """
+        width = path.shape[1] if span is None else span
+
+        def keep(buf):
+            window = jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, width, axis=0))(buf, start)
+            return write(buf, jnp.take_along_axis(window, path[:, :, None, None], axis=1), start)
+
+        return KVCache(k=tuple(keep(x) for x in self.k), v=tuple(keep(x) for x in self.v))
 
 
 def write(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:

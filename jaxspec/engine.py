@@ -3,32 +3,40 @@ commit steps, compiled once into one XLA program with no host round trip per ste
 
     program = jit(prefill(target, drafter) -> while_loop(any row not done, spec_step, state))
 
-Per step (``_spec_step``) every row drafts ``gamma`` tokens, the target scores
-``[last, d_1..d_gamma]`` in ONE forward, ``jaxspec.acceptance.accept`` keeps ``n_accepted``
-drafts plus one replacement/bonus token, and each row advances by its own count, cut at the
-first stop id or completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens``.
+Per step (``_spec_step``) every row's drafter proposes a tree of N nodes (``jaxspec.tree``; a
+chain of gamma drafts is the special case), the target scores the window
+``[last token, nodes]`` in ONE forward with the tree's ancestor mask at positions
+``committed length + depth`` (``_verify``), ``jaxspec.acceptance.accept`` keeps the accepted
+path plus one replacement/bonus token, the cache keeps only that path in contiguous slots
+(``KVCache.keep_path``), and each row advances by its own count, cut at the first stop id or
+completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens`` along the path.
 Rows never wait for each other; finished rows idle until every row is done.
-``drafter=None`` is plain autoregressive decoding through the same loop (``gamma = 0``).
+``drafter=None`` is plain autoregressive decoding through the same loop (an empty tree).
 
 Sampling settings travel as per-row arrays (``SamplingParams``); the loop carries the
-``History`` of generated tokens that penalties and ``min_new_tokens`` read, so verify
-position t is processed exactly as plain decoding would process it after d_1..d_t.
+``History`` of generated tokens that penalties and ``min_new_tokens`` read, so the token
+after window entry w is processed exactly as plain decoding would process it after the path
+to w (``jaxspec.sampling.window_counts``).
+
+Shape letters: the package legend (``jaxspec``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jaxspec import acceptance, cache as cache_lib, stopping
+from jaxspec import acceptance, cache as cache_lib, models, stopping
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
-from jaxspec.models import llama
+from jaxspec.drafters.base import Committed, Context, Prefill
 from jaxspec.sampling import History, SamplingParams, fold_rows, processed_probs, sample, token_logprobs
 from jaxspec.stopping import StopTables
+from jaxspec.tree import Proposal, Tree
 
 
 @jax.tree_util.register_dataclass
@@ -49,7 +57,7 @@ class Logprobs:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class LoopState:
-    """Everything the while loop carries (shape letters: B batch, S cache slots, G gamma)."""
+    """Everything the while loop carries (gamma: the drafter's deepest proposal)."""
 
     tokens: jax.Array  # int32 [B, S]: prompt, then generated tokens
     seq_lens: jax.Array  # int32 [B]: tokens so far; the last is not yet in the target cache
@@ -57,13 +65,13 @@ class LoopState:
     cache: KVCache  # target cache, valid for slots < seq_lens - 1
     drafter_state: Any
     history: History  # generated-token counts for penalties and min_new_tokens
-    tail: jax.Array  # int32 [B, K]: last bytes of generated text, for stop strings
+    tail: jax.Array  # int32 [B, L]: last bytes of generated text, for stop strings
     logprobs: Logprobs | None  # None unless requested
     step: jax.Array  # int32 scalar: loop iterations so far
     n_steps: jax.Array  # int32 [B]: target verify forwards while the row was active
-    n_drafted: jax.Array  # int32 [B]: draft tokens proposed (a drafter may abstain)
+    n_drafted: jax.Array  # int32 [B]: valid draft nodes proposed (a drafter may abstain)
     n_accepted: jax.Array  # int32 [B]: draft tokens accepted by verification
-    accepted_at: jax.Array  # int32 [B, G]: times draft position i was accepted
+    accepted_at: jax.Array  # int32 [B, gamma]: times a draft at depth i + 1 was accepted
 
 
 @jax.tree_util.register_dataclass
@@ -106,7 +114,7 @@ def _write_logprobs(lp: Logprobs | None, values, start) -> Logprobs | None:
 
 def _stop_strings(stops: StopTables, tail, new, allowed):
     """Append ``new [B, T]`` token by token to ``tail``; returns the tails after each token
-    ``[B, T, K]`` and where a stop string completed ``bool [B, T]`` (counted where ``allowed``)."""
+    ``[B, T, L]`` and where a stop string completed ``bool [B, T]`` (counted where ``allowed``)."""
 
     def scan(tail):
         tails, hits = [], []
@@ -127,15 +135,21 @@ def _may_stop(sp: SamplingParams, n_generated, width: int):
     return (n_generated[:, None] + jnp.arange(width)[None] + 1) >= sp.min_new_tokens[:, None]
 
 
+def _capture(drafter) -> tuple[int, ...]:
+    return () if drafter is None else drafter.capabilities.capture
+
+
 def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Inputs, max_len: int, gamma: int,
              logprobs: LogprobsSpec | None):
     b, p = inputs.prompt.shape
     sp = inputs.sampling
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     cache = KVCache.zeros(config, b, max_len, target["embed"].dtype)
-    hidden, cache = llama.forward_hidden(target, config, inputs.prompt, positions, cache, visible_slots=p)
-    last_hidden = jnp.take_along_axis(hidden, (inputs.prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-    logits = llama.logits_from_hidden(target, config, last_hidden)[:, None]  # [B, 1, V]
+    out = models.forward(target, config, inputs.prompt, positions, cache, capture=_capture(drafter), head=False,
+                         visible_slots=p)
+    cache = out.cache
+    last_hidden = jnp.take_along_axis(out.hidden, (inputs.prompt_lens - 1)[:, None, None], axis=1)[:, 0]
+    logits = models.logits_from_hidden(target, config, last_hidden)[:, None]  # [B, 1, V]
     history = History.from_prompt(inputs.prompt, inputs.prompt_lens, config.vocab_size)
     probs = processed_probs(logits, sp, history)
     first = sample(fold_rows(fold_rows(inputs.keys, 0), 1), probs[:, 0])
@@ -149,7 +163,8 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
         lp = _write_logprobs(lp, logprobs.of(logits, probs, first[:, None]), inputs.prompt_lens)
     tails, hit = _stop_strings(inputs.stops, stopping.empty_tail(b, inputs.stops), first[:, None],
                                _may_stop(sp, history.n_generated, 1))
-    drafter_state = None if drafter is None else drafter.init(drafter_params, inputs.prompt, inputs.prompt_lens, max_len)
+    prefill = Prefill(inputs.prompt, inputs.prompt_lens, out.captured, out.hidden)
+    drafter_state = None if drafter is None else drafter.init(drafter_params, prefill, max_len)
     zeros = jnp.zeros((b,), jnp.int32)
     return LoopState(
         tokens=tokens,
@@ -168,47 +183,77 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
     )
 
 
-def _verify(target, config, inputs: Inputs, keys, s: LoopState, last, drafts, q, width: int, logprobs):
-    """Target forward over ``[last, d_1..d_width]`` and acceptance; outputs padded to gamma + 1."""
-    b, gamma = drafts.shape
-    d, q = drafts[:, :width], None if q is None else q[:, :width]
-    window = jnp.concatenate([last, jnp.where(d >= 0, d, last)], axis=1)  # [B, width + 1]
-    positions = (s.seq_lens - 1)[:, None] + jnp.arange(width + 1, dtype=jnp.int32)[None]
-    logits, _, cache = llama.forward(target, config, window, positions, s.cache)
-    p = processed_probs(logits, inputs.sampling, s.history, d)
-    n_acc, new = acceptance.accept(fold_rows(keys, 1), p, q, d)
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, gamma - width)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
-    lp = None if logprobs is None else tuple(pad(x) for x in logprobs.of(logits, p, new))
-    return n_acc, pad(new), cache, lp
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Verified:
+    """One verify step's results, along the accepted path (W window entries)."""
+
+    accepted: acceptance.Accepted
+    cache: KVCache
+    hidden: jax.Array  # [B, W, D]: the target's final hidden states along the path
+    captured: tuple  # [B, W, D] per captured layer, along the path
+    logprobs: tuple | None  # token_logprobs of the emitted tokens, or None
+
+
+def _along(x: jax.Array, path: jax.Array) -> jax.Array:
+    """``x [B, W, ...]`` gathered at window indices ``path [B, W']``."""
+    return jnp.take_along_axis(x, path.reshape(path.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: Proposal, capture, logprobs,
+            width: int) -> _Verified:
+    """ONE target forward over the window ``[root, nodes]`` with the tree's ancestor mask, and
+    acceptance; outputs padded to ``width`` (W) entries so a smaller tree fits the same state."""
+    tree = Tree.of(root, proposal)
+    start = s.seq_lens - 1  # the root's slot: it is not yet in the cache
+    positions = start[:, None] + tree.depth
+    mask = models.TreeMask(start, tree.ancestors, positions)
+    out = models.forward(target, config, tree.tokens, positions, s.cache, write_at=start, mask=mask, capture=capture)
+    p = processed_probs(out.logits, inputs.sampling, s.history, tree)
+    acc = acceptance.accept(fold_rows(keys, 1), p, proposal.q, tree)
+    cache = out.cache.keep_path(start, acc.path)
+    lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])) + ((0, 0),) * (x.ndim - 2), mode="edge")  # noqa: E731
+    accepted = acceptance.Accepted(acc.n_accepted, pad(acc.path), pad(acc.tokens))
+    return _Verified(accepted, cache, pad(_along(out.hidden, acc.path)),
+                     tuple(pad(_along(c, acc.path)) for c in out.captured),
+                     None if lp is None else tuple(pad(x) for x in lp))
+
+
+def _first_nodes(proposal: Proposal, n: int) -> Proposal:
+    q = None if proposal.q is None else proposal.q[:, :n]
+    return Proposal(proposal.tokens[:, :n], proposal.parents[:, :n], proposal.valid[:, :n], q)
 
 
 def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, s: LoopState):
     keys = fold_rows(inputs.keys, s.step + 1)
-    last = jnp.take_along_axis(s.tokens, (s.seq_lens - 1)[:, None], axis=1)
-    b = last.shape[0]
+    root = jnp.take_along_axis(s.tokens, (s.seq_lens - 1)[:, None], axis=1)[:, 0]
+    b = root.shape[0]
     sp = inputs.sampling
     with jax.named_scope("draft"):
         if drafter is None:
-            drafter_state, drafts, q = None, jnp.zeros((b, 0), jnp.int32), jnp.zeros((b, 0, config.vocab_size))
+            drafter_state, proposal = None, Proposal.empty(b)
         else:
-            drafter_state, drafts, q = drafter.propose(
-                drafter_params, s.drafter_state, s.tokens, s.seq_lens, fold_rows(keys, 0), sp, s.history
-            )
+            context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), sp, s.history)
+            drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
+    width = proposal.n_nodes + 1
     with jax.named_scope("verify"):
-        verify = lambda n: _verify(target, config, inputs, keys, s, last, drafts, q, n, logprobs)  # noqa: E731
-        if getattr(drafter, "abstains", False):
-            # No row has a draft: a one-token step costs less than verifying a dead window.
-            has_draft = jnp.any((drafts[:, 0] >= 0) & ~s.done)
-            n_acc, new, cache, lp = jax.lax.cond(has_draft, lambda: verify(gamma), lambda: verify(0))
+        verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
+                                   logprobs=logprobs, width=width)
+        if drafter is not None and drafter.capabilities.abstains:
+            # No row has a draft: a one-token step costs less than verifying a dead tree.
+            has_draft = jnp.any(jnp.any(proposal.valid, axis=1) & ~s.done)
+            v = jax.lax.cond(has_draft, lambda: verify(proposal), lambda: verify(_first_nodes(proposal, 0)))
         else:
-            n_acc, new, cache, lp = verify(gamma)
+            v = verify(proposal)
     with jax.named_scope("commit"):
-        slot = jnp.arange(gamma + 1)[None]
+        n_acc, new = v.accepted.n_accepted, v.accepted.tokens
+        slot = jnp.arange(width)[None]
         in_block = slot <= n_acc[:, None]
-        may_stop = in_block & _may_stop(sp, s.history.n_generated, gamma + 1)
+        may_stop = in_block & _may_stop(sp, s.history.n_generated, width)
         tails, string_stop = _stop_strings(inputs.stops, s.tail, new, may_stop)
         is_stop = (sp.is_stop(new) | string_stop) & in_block
-        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), gamma + 1)
+        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), width)
         room = inputs.max_new_tokens - (s.seq_lens - inputs.prompt_lens)
         n_keep = jnp.minimum(jnp.minimum(n_acc + 1, first_stop + 1), room)
         active = ~s.done
@@ -218,25 +263,33 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         done = s.done | (first_stop < n_keep) | (n_keep >= room)
         kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
         tail = jnp.where((n_keep > 0)[:, None], kept_tail, s.tail)
-        if drafter is not None:
-            drafter_state = drafter.commit(drafter_params, drafter_state, tokens, seq_lens, n_acc)
         counted = active.astype(jnp.int32)
-        n_drafted = jnp.sum(jnp.cumprod(drafts >= 0, axis=1), axis=1) * counted
+        if drafter is not None:
+            committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
+                                  v.captured)
+            drafter_state = drafter.commit(drafter_params, drafter_state, committed)
+        n_drafted = jnp.sum(Tree.of(root, proposal).valid[:, 1:], axis=1) * counted
     return LoopState(
         tokens=tokens,
         seq_lens=seq_lens,
         done=done,
-        cache=cache,
+        cache=v.cache,
         drafter_state=drafter_state,
         history=s.history.add(new, slot < n_keep[:, None]),
         tail=tail,
-        logprobs=_write_logprobs(s.logprobs, lp, s.seq_lens),
+        logprobs=_write_logprobs(s.logprobs, v.logprobs, s.seq_lens),
         step=s.step + 1,
         n_steps=s.n_steps + counted,
         n_drafted=s.n_drafted + n_drafted,
         n_accepted=s.n_accepted + n_acc * counted,
-        accepted_at=s.accepted_at + (slot[:, :gamma] < n_acc[:, None]) * counted[:, None],
+        accepted_at=s.accepted_at + (jnp.arange(gamma)[None] < n_acc[:, None]) * counted[:, None],
     )
+
+
+def window(drafter) -> int:
+    """W: the verify window's entries (root + the drafter's node budget; 1 for plain decoding).
+    The token buffer and the target's cache need ``prompt + max_new_tokens + W`` slots."""
+    return 1 if drafter is None else drafter.n_nodes + 1
 
 
 def run_program(
@@ -248,8 +301,8 @@ def run_program(
     Args:
       target: target params pytree; drafter_params: the drafter's (from ``select_params``).
       inputs: ``Inputs``; config: target ``ModelConfig``; drafter: a ``Drafter`` or None;
-      max_len: S, slots of every cache and of the token buffer; the caller guarantees
-        ``prompt_lens + max_new_tokens + gamma + 1 <= S``.
+      max_len: S, slots of the target's cache and of the token buffer; the caller guarantees
+        ``prompt_lens + max_new_tokens + window(drafter) <= S``.
       logprobs: what log-probabilities to record (``LoopState.logprobs``), or None.
 
     Returns:

@@ -316,7 +316,7 @@ def read_gguf(path: str | os.PathLike, dtype=None, put=None) -> tuple[dict, Mode
 
     Returns:
       ``(params, config, metadata)``:
-        * params: pytree (dtype ``dtype``) in the ``jaxspec.models.llama`` layout; ``"embed"``
+        * params: pytree (dtype ``dtype``) in the ``jaxspec.models.decoder`` layout; ``"embed"``
           is ``[V, D]``, per-layer projections are ``[in, out]``, ``"lm_head"`` ``[D, V]`` only
           when the file has an ``output.weight`` tensor.
         * config: :class:`jaxspec.config.ModelConfig` built from the ``<arch>.*`` metadata;

@@ -18,10 +18,11 @@ Processing order (that of Hugging Face ``generate``'s logits processors and warp
 Every setting is a per-row array (``SamplingParams``), so changing a value never recompiles.
 
 Penalties read ``History``: token counts of the text generated so far and a mask of the
-prompt's tokens. Inside a verify window ``[last, d_1..d_gamma]``, window position t is
-scored with the counts of the text before it *plus the drafts d_1..d_t* (``window_counts``):
-exactly the counts plain decoding would have if the drafts were accepted, so penalties stay
-lossless under speculation.
+prompt's tokens. Inside a verify window (a draft tree, ``jaxspec.tree``), the token after
+window entry w is scored with the counts of the text so far *plus the tokens on w's own path
+from the root* (``window_counts``), and ``min_new_tokens`` counts w's depth: exactly what
+plain decoding would see if that path were accepted, so penalties stay lossless under
+speculation, for chains and trees alike.
 
 With temperature 0 as a one-hot distribution, ``jaxspec.acceptance`` needs no greedy case.
 """
@@ -33,6 +34,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxspec.tree import Tree
 
 # Truncation keeps tokens at or above a threshold found by bisection over the bit patterns of
 # the probabilities (non-negative float32 bit patterns order like the values): 31 halvings of
@@ -127,14 +130,14 @@ class History:
         return dataclasses.replace(self, counts=counts, n_generated=self.n_generated + jnp.sum(keep, axis=1))
 
 
-def window_counts(history: History, drafts: jax.Array | None, width: int) -> jax.Array:
-    """int32 ``[B, width, V]``: the counts position t of a verify window is scored with, those
-    of the text so far plus drafts ``d_1..d_t`` (``drafts`` int32 ``[B, width - 1]``, -1 = none)."""
+def window_counts(history: History, tree: Tree | None, width: int) -> jax.Array:
+    """int32 ``[B, width, V]``: the counts the token after window entry w is scored with: those
+    of the text so far plus the tokens on w's path (``Tree.path_counts``); without a tree,
+    the history's counts at every position."""
     counts = history.counts[:, None]
-    if drafts is None or width == 1:
+    if tree is None:
         return jnp.broadcast_to(counts, (counts.shape[0], width, counts.shape[-1]))
-    seen = jnp.cumsum(jax.nn.one_hot(drafts, counts.shape[-1], dtype=jnp.int32), axis=1)  # -1 -> zeros
-    return counts + jnp.concatenate([jnp.zeros_like(seen[:, :1]), seen], axis=1)
+    return counts + tree.path_counts(counts.shape[-1])
 
 
 def _apply_penalties(logits, sp: SamplingParams, counts, in_prompt):
@@ -145,13 +148,13 @@ def _apply_penalties(logits, sp: SamplingParams, counts, in_prompt):
     return logits - col(sp.frequency_penalty) * counts - col(sp.presence_penalty) * (counts > 0)
 
 
-def _suppress_stops(logits, sp: SamplingParams, history: History):
-    """Stop ids get logit -inf at window positions t whose token (number n_generated + t, from
-    0) comes before ``min_new_tokens``."""
+def _suppress_stops(logits, sp: SamplingParams, history: History, offsets):
+    """Stop ids get logit -inf at window positions t whose token (number
+    ``n_generated + offsets[:, t]``, from 0) comes before ``min_new_tokens``."""
     b, t, v = logits.shape
     rows = jnp.arange(b)[:, None]
     is_stop = jnp.zeros((b, v), bool).at[rows, jnp.where(sp.stop_ids >= 0, sp.stop_ids, v)].set(True, mode="drop")
-    early = (history.n_generated[:, None] + jnp.arange(t)[None]) < sp.min_new_tokens[:, None]
+    early = (history.n_generated[:, None] + offsets) < sp.min_new_tokens[:, None]
     return jnp.where(early[..., None] & is_stop[:, None], -jnp.inf, logits)
 
 
@@ -219,16 +222,18 @@ def token_logprobs(logprobs: jax.Array, tokens: jax.Array, n_top: int):
 
 
 def processed_probs(
-    logits: jax.Array, sp: SamplingParams, history: History | None = None, drafts: jax.Array | None = None
+    logits: jax.Array, sp: SamplingParams, history: History | None = None, tree: Tree | None = None
 ) -> jax.Array:
     """The distribution to sample position t of a window from, after every setting.
 
     Args:
       logits: float ``[B, T, V]`` (or ``[B, V]``, treated as T = 1); position t predicts the
-        (``history.n_generated + t``)-th generated token, counting from 0.
+        (``history.n_generated + t``)-th generated token, counting from 0, or with a tree the
+        (``history.n_generated + tree.depth[:, t]``)-th.
       sp: ``SamplingParams``.
       history: the text before position 0; None = no penalties and no ``min_new_tokens``.
-      drafts: int32 ``[B, T - 1]``: the tokens between positions (a verify window's drafts).
+      tree: the verify window's ``Tree`` (T = its width): position t is scored as if the path
+        to window entry t were accepted; None = consecutive positions with no tokens between.
 
     Returns:
       float32 of the shape of ``logits``, each row summing to 1 (one-hot where temperature 0).
@@ -238,10 +243,11 @@ def processed_probs(
     x = x.astype(jnp.float32)
     b, t, v = x.shape
     if history is not None:
-        penalize = lambda x: _apply_penalties(x, sp, window_counts(history, drafts, t), history.in_prompt)  # noqa: E731
+        penalize = lambda x: _apply_penalties(x, sp, window_counts(history, tree, t), history.in_prompt)  # noqa: E731
         x = jax.lax.cond(sp.uses_penalties(), penalize, lambda x: x, x)
+        offsets = jnp.broadcast_to(jnp.arange(t)[None], (b, t)) if tree is None else tree.depth
         x = jax.lax.cond(jnp.any(history.n_generated < sp.min_new_tokens),
-                         lambda x: _suppress_stops(x, sp, history), lambda x: x, x)
+                         lambda x: _suppress_stops(x, sp, history, offsets), lambda x: x, x)
     temp = sp.temperature[:, None, None]
     # Subtract the max before dividing: a tiny temperature would otherwise overflow to inf - inf.
     shifted = x - jnp.max(x, axis=-1, keepdims=True)

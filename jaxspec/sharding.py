@@ -7,7 +7,7 @@ under ``jax.shard_map`` over a ``("data", "model")`` mesh.
   ``model``, with one ``psum`` after the attention output and one after the MLP down
   projection; embedding and output head are split over the vocabulary (embedding lookup in
   the local slice, then ``psum``; local logits, then an all-gather). The model code does the
-  collectives when its config names the axis (``ModelConfig.tp_axis``; ``jaxspec.models.llama``).
+  collectives when its config names the axis (``ModelConfig.tp_axis``; ``jaxspec.models.decoder``).
 - ``data`` axis: batch rows. Every loop input with a batch axis is split over ``data``; KV
   caches are created inside the program, so they are ``[data, -, model, -]`` over
   ``[B, S, KV, hd]``. Each data shard runs its own ``while_loop`` until its own rows are done;
@@ -139,7 +139,7 @@ def _spec(key: str) -> P:
 
 
 def param_specs(params: Any, sharded: bool = True) -> Any:
-    """PartitionSpecs of a params pytree (``jaxspec.models.llama`` layout), by leaf name:
+    """PartitionSpecs of a params pytree (``jaxspec.models.decoder`` layout), by leaf name:
     columns of wq/wk/wv/w_gate/w_up/lm_head and q/k/v biases over ``model``, rows of
     wo/w_down and the embedding's vocabulary over ``model``, norms replicated; everything
     replicated when not ``sharded``. Accepts None (a drafter without params)."""
@@ -195,7 +195,7 @@ def shard_params(params: dict, config: ModelConfig, mesh: Mesh, sharded: bool = 
     (by an earlier call or ``jaxspec.load(..., mesh=)``) are returned as they are.
 
     Args:
-      params: pytree in the ``jaxspec.models.llama`` layout for ``config``.
+      params: pytree in the ``jaxspec.models.decoder`` layout for ``config``.
 
     Raises:
       ValueError: the ``model`` axis does not divide the heads, MLP width or vocabulary.
@@ -254,7 +254,7 @@ class Plan:
         params = shard_params(params, global_config, self.mesh)
         if drafter is not None:
             drafter_params = drafter.select_params(params, drafter_params)
-            if drafter_params is not None and not getattr(drafter, "shares_target_weights", False):
+            if drafter_params is not None and not drafter.capabilities.shares_target_weights:
                 drafter_params = shard_params(drafter_params, drafter.config, self.mesh, self.drafter_sharded)
         specs = input_specs(inputs)
         inputs = jax.tree_util.tree_map(lambda x, s: put(x, NamedSharding(self.mesh, s)), inputs, specs)
@@ -286,7 +286,7 @@ def plan(mesh: Mesh, config: ModelConfig, drafter=None, shard_drafter: bool = Fa
     n, mesh = mesh_sizes(mesh)[1], auto_axes(mesh)
     local = local_config(config, n)
     drafter_sharded, local_drafter = False, drafter
-    if getattr(drafter, "shares_target_weights", False):
+    if drafter is not None and drafter.capabilities.shares_target_weights:
         drafter_sharded, local_drafter = True, _with_config(drafter, local_config(drafter.config, n))
     elif shard_drafter and hasattr(drafter, "config"):
         check_model_axis(drafter.config, n, "drafter")

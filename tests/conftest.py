@@ -21,7 +21,7 @@ import jaxspec
 import jaxspec.api
 from jaxspec import engine, stopping
 from jaxspec.sampling import SamplingParams
-from jaxspec.models import llama
+from jaxspec import models
 
 # Target: 2 blocks (so early exit has a strictly shorter drafter), GQA 4 query / 2 KV heads.
 TARGET = jaxspec.ModelConfig(
@@ -93,12 +93,12 @@ class Tiny:
 def tiny() -> Tiny:
     # scale 1.0: peaky enough that greedy decoding of a random model falls into loops
     # (which prompt lookup then drafts), not so peaky that every row repeats one token.
-    params = llama.init_params(TARGET, jax.random.key(0), scale=1.0)
+    params = models.init_params(TARGET, jax.random.key(0), scale=1.0)
     return Tiny(
         cfg=TARGET,
         params=params,
         draft_cfg=DRAFT,
-        draft_params=llama.init_params(DRAFT, jax.random.key(1), scale=1.0),
+        draft_params=models.init_params(DRAFT, jax.random.key(1), scale=1.0),
         noisy_params=_noisy_copy(params, jax.random.key(2), NOISE),
     )
 

@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import jax  # noqa: E402
 
 from conftest import DRAFT, TARGET, Tiny, _noisy_copy  # noqa: E402
-from jaxspec.models import llama  # noqa: E402
+from jaxspec import models  # noqa: E402
 
 CASES = [  # (drafter kind, gamma, settings)
     ("plain", 0, {}),
@@ -31,9 +31,9 @@ CASES = [  # (drafter kind, gamma, settings)
 
 
 def tiny() -> Tiny:
-    params = llama.init_params(TARGET, jax.random.key(0), scale=1.0)
+    params = models.init_params(TARGET, jax.random.key(0), scale=1.0)
     return Tiny(cfg=TARGET, params=params, draft_cfg=DRAFT,
-                draft_params=llama.init_params(DRAFT, jax.random.key(1), scale=1.0),
+                draft_params=models.init_params(DRAFT, jax.random.key(1), scale=1.0),
                 noisy_params=_noisy_copy(params, jax.random.key(2), 0.1))
 
 

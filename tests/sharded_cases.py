@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import jaxspec  # noqa: E402
 import jaxspec.api  # noqa: E402
 from jaxspec import sharding  # noqa: E402
-from jaxspec.models import llama  # noqa: E402
+from jaxspec import models  # noqa: E402
 
 TARGET = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=4, ffn_dim=64,
                              max_position=512, name="tp-target")
@@ -80,7 +80,7 @@ ORBAX_CASE = next(c for c in CASES if c.name == "1x8-plain-b1")  # rerun on para
 
 
 def models(config=TARGET):
-    params = llama.init_params(config, jax.random.key(0), scale=1.0)
+    params = models.init_params(config, jax.random.key(0), scale=1.0)
     # draft model: the target plus 10% noise, so drafts are often (not always) accepted
     leaves, tree = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(jax.random.key(2), len(leaves))
@@ -144,7 +144,7 @@ def errors(params):
     for name, (fields, mesh) in bad.items():
         cfg = jaxspec.ModelConfig(**fields)
         try:
-            bad_params = llama.init_params(cfg, jax.random.key(0))
+            bad_params = models.init_params(cfg, jax.random.key(0))
             jaxspec.generate(bad_params, [[1, 2]], config=cfg, max_new_tokens=2, mesh=mesh)
             out[name] = None
         except ValueError as e:

@@ -17,7 +17,7 @@ from jaxspec.checkpoints import orbax_io
 from jaxspec.checkpoints.gguf_writer import write_gguf
 from jaxspec.checkpoints.hf import read_hf
 from jaxspec.gguf_loader import read_gguf
-from jaxspec.models import llama
+from jaxspec import models
 
 pytest.importorskip("transformers")
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -90,7 +90,7 @@ def test_unsupported_quantization(tmp_path):
     """A tensor stored as Q8_1 (which gguf cannot dequantize): the error names file, tensor, type."""
     import gguf
 
-    params = llama.init_params(CFG, jax.random.key(0))
+    params = models.init_params(CFG, jax.random.key(0))
     path = str(tmp_path / "m.gguf")
     write_gguf(path, params, CFG)
     reader = gguf.GGUFReader(path)
@@ -112,7 +112,7 @@ def test_unsupported_quantization(tmp_path):
 
 
 def test_truncated_gguf(tmp_path):
-    params = llama.init_params(CFG, jax.random.key(0))
+    params = models.init_params(CFG, jax.random.key(0))
     path = tmp_path / "m.gguf"
     write_gguf(str(path), params, CFG)
     path.write_bytes(path.read_bytes()[:-100])
@@ -123,8 +123,8 @@ def test_truncated_gguf(tmp_path):
 def test_orbax_dir_from_another_model(tmp_path):
     """params of model B under model A's manifest: the error names the directory and the tensor."""
     other = jaxspec.ModelConfig(**{**CFG.__dict__, "ffn_dim": 40, "name": "tiny-b"})
-    orbax_io.save(str(tmp_path / "a"), llama.init_params(CFG, jax.random.key(0)), CFG)
-    orbax_io.save(str(tmp_path / "b"), llama.init_params(other, jax.random.key(1)), other)
+    orbax_io.save(str(tmp_path / "a"), models.init_params(CFG, jax.random.key(0)), CFG)
+    orbax_io.save(str(tmp_path / "b"), models.init_params(other, jax.random.key(1)), other)
     shutil.rmtree(tmp_path / "a" / "params")
     shutil.copytree(tmp_path / "b" / "params", tmp_path / "a" / "params")
     with pytest.raises(ValueError, match=r"a/params.*tensor layers/0/w_gate has shape \(32, 40\).*tiny-a.*\(32, 48\)"):
@@ -139,7 +139,7 @@ def test_not_a_checkpoint_directory(tmp_path):
 
 
 def test_existing_destination_is_kept(tmp_path):
-    params = llama.init_params(CFG, jax.random.key(0))
+    params = models.init_params(CFG, jax.random.key(0))
     dst = tmp_path / "o"
     dst.mkdir()
     (dst / "keep.txt").write_text("mine")
@@ -164,10 +164,10 @@ def test_pairing_vocabulary_sizes():
 def test_pairing_special_tokens_before_compile():
     target = jaxspec.ModelConfig(**{**CFG.__dict__, "bos_id": 1, "eos_ids": (2,)})
     draft = jaxspec.ModelConfig(**{**CFG.__dict__, "bos_id": 3, "eos_ids": (2,), "name": "tiny-draft"})
-    params = llama.init_params(target, jax.random.key(0))
+    params = models.init_params(target, jax.random.key(0))
     with pytest.raises(ValueError, match=r"BOS id \(3, tiny-draft\) differs from the target's \(1, tiny-a\)"):
         jaxspec.generate(params, [3], config=target, drafter=jaxspec.ModelDrafter(draft, gamma=2),
-                         drafter_params=llama.init_params(draft, jax.random.key(1)), max_new_tokens=4)
+                         drafter_params=models.init_params(draft, jax.random.key(1)), max_new_tokens=4)
     draft = jaxspec.ModelConfig(**{**CFG.__dict__, "bos_id": 1, "eos_ids": (5,), "name": "tiny-draft"})
     with pytest.raises(ValueError, match=r"EOS ids \(\[5\], tiny-draft\) share none with the target's \(\[2\]"):
         jaxspec.check_pair(target, draft)

@@ -26,7 +26,7 @@ from jaxspec.checkpoints import orbax_io
 from jaxspec.checkpoints.gguf_writer import write_gguf
 from jaxspec.checkpoints.hf import read_hf
 from jaxspec.gguf_loader import read_gguf
-from jaxspec.models import llama
+from jaxspec import models
 
 pytest.importorskip("transformers")
 from hf_tiny import FAMILIES, TOKENS  # noqa: E402
@@ -38,7 +38,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def logits(params, cfg):
     t = len(TOKENS)
     cache = KVCache.zeros(cfg, 1, 32, jnp.float32)
-    out, _, _ = llama.forward(params, cfg, jnp.asarray([TOKENS], jnp.int32), jnp.arange(t)[None], cache)
+    out = models.forward(params, cfg, jnp.asarray([TOKENS], jnp.int32), jnp.arange(t)[None], cache).logits
     return np.asarray(out[0])
 
 

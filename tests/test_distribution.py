@@ -1,7 +1,7 @@
 """Invariant 2: speculative sampling draws from exactly the target's distribution.
 
 A tiny target (vocabulary 8) generates 3 tokens after a fixed prompt; the exact probability
-of each of the 8^3 = 512 continuations is enumerated from ``llama.forward`` over all
+of each of the 8^3 = 512 continuations is enumerated from ``models.forward`` over all
 prefixes, each step processed by ``reference_probs``: an independent float64 implementation
 of the settings (penalties, temperature, top-k, top-p, min-p; Hugging Face's processors,
 sort-based), not the engine's ``jaxspec.sampling``. Settings: ``SETTINGS``.
@@ -60,7 +60,7 @@ import jaxspec.api
 import jaxspec.sampling
 from jaxspec import acceptance, engine
 from jaxspec.cache import KVCache
-from jaxspec.models import llama
+from jaxspec import models
 from jaxspec.sampling import History, SamplingParams, processed_probs, sample
 
 V = 8
@@ -198,8 +198,8 @@ TARGET_SEED, DRAFT_SEED = 10, 11
 @pytest.fixture(scope="module")
 def models():
     return {
-        "target": llama.init_params(TARGET, jax.random.key(TARGET_SEED), scale=1.0),
-        "draft": llama.init_params(DRAFT, jax.random.key(DRAFT_SEED), scale=1.0),
+        "target": models.init_params(TARGET, jax.random.key(TARGET_SEED), scale=1.0),
+        "draft": models.init_params(DRAFT, jax.random.key(DRAFT_SEED), scale=1.0),
     }
 
 
@@ -208,7 +208,7 @@ def _full_logits(params, config, tokens):
     """Uncached forward over whole sequences: float32 logits ``[B, T, V]``."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    return llama.forward(params, config, tokens, positions, KVCache.zeros(config, b, t, jnp.float32))[0]
+    return models.forward(params, config, tokens, positions, KVCache.zeros(config, b, t, jnp.float32)).logits
 
 
 def reference_probs(logits: np.ndarray, prompt, generated, settings: dict) -> np.ndarray:
@@ -249,7 +249,7 @@ def _prefix_logits(which: str, seed: int) -> np.ndarray:
     """float64 ``[V^2, len(PROMPT) + 2, V]`` logits after PROMPT + every 2-token prefix
     (row x1 * V + x2), of the target (``which="target"``) or the draft model."""
     config = TARGET if which == "target" else DRAFT
-    params = llama.init_params(config, jax.random.key(seed), scale=1.0)
+    params = models.init_params(config, jax.random.key(seed), scale=1.0)
     prefixes = np.array([[a, b] for a in range(V) for b in range(V)], np.int32)
     tokens = np.concatenate([np.tile(PROMPT, (len(prefixes), 1)), prefixes], axis=1).astype(np.int32)
     return np.asarray(_full_logits(params, config, jnp.asarray(tokens)), np.float64)

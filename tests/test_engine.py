@@ -19,7 +19,7 @@ import jaxspec
 import jaxspec.api
 from jaxspec import engine
 from jaxspec.cache import KVCache
-from jaxspec.models import llama
+from jaxspec import models
 
 GAMMAS = (1, 2, 4, 7)
 DRAFTER_KINDS = ("ngram", "early_exit", "model_noisy", "model_small")  # see conftest.Tiny.drafter
@@ -67,7 +67,7 @@ def test_plain_greedy_equals_naive_argmax_loop(tiny, plain_greedy):
     @jax.jit
     def full_logits(tokens):
         cache = KVCache.zeros(tiny.cfg, len(tiny.prompts), width, jnp.float32)
-        return llama.forward(tiny.params, tiny.cfg, tokens, pos, cache)[0]
+        return models.forward(tiny.params, tiny.cfg, tokens, pos, cache).logits
 
     buf = np.zeros((len(tiny.prompts), width), np.int32)
     lens = np.array([len(p) for p in tiny.prompts])
@@ -237,10 +237,10 @@ def test_cached_decoding_matches_full_forward(tiny):
     rng = np.random.default_rng(0)
     n, slots = 20, 32
     seq = rng.integers(0, cfg.vocab_size, (2, n)).astype(np.int32)
-    fwd = jax.jit(functools.partial(llama.forward, params, cfg))
+    fwd = jax.jit(functools.partial(models.forward, params, cfg))
     all_positions = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (2, n))
 
-    full = np.asarray(fwd(jnp.asarray(seq), all_positions, KVCache.zeros(cfg, 2, slots, jnp.float32))[0])
+    full = np.asarray(fwd(jnp.asarray(seq), all_positions, KVCache.zeros(cfg, 2, slots, jnp.float32)).logits)
     assert np.abs(full).max() < 6
 
     lens = np.array([4, 9], np.int32)
@@ -249,7 +249,8 @@ def test_cached_decoding_matches_full_forward(tiny):
     def step(tokens, start, cache):
         t = tokens.shape[1]
         positions = start[:, None] + np.arange(t, dtype=np.int32)[None]
-        logits, _, cache = fwd(jnp.asarray(tokens), jnp.asarray(positions), cache)
+        out = fwd(jnp.asarray(tokens), jnp.asarray(positions), cache)
+        logits, cache = out.logits, out.cache
         return np.asarray(logits), positions, cache
 
     def check(logits, positions, rows=(0, 1)):

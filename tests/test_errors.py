@@ -6,7 +6,7 @@ import pytest
 
 import jaxspec
 from jaxspec import api
-from jaxspec.models import llama
+from jaxspec import models
 
 CFG = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
                           max_position=128, eos_ids=(1,))
@@ -15,7 +15,7 @@ DRAFT_CFG = jaxspec.ModelConfig(vocab_size=80, dim=16, n_layers=1, n_heads=2, n_
 
 @pytest.fixture(scope="module")
 def params():
-    return llama.init_params(CFG, jax.random.key(0))
+    return models.init_params(CFG, jax.random.key(0))
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +86,7 @@ def test_ngram_sizes():
 
 
 def test_draft_vocabulary_mismatch(params):
-    draft = llama.init_params(DRAFT_CFG, jax.random.key(1))
+    draft = models.init_params(DRAFT_CFG, jax.random.key(1))
     with pytest.raises(ValueError, match=r"vocabulary \(80 tokens.*differs from the target's \(64 tokens"):
         jaxspec.generate(params, [3], config=CFG, drafter=jaxspec.ModelDrafter(DRAFT_CFG), drafter_params=draft,
                          max_new_tokens=8)

@@ -25,7 +25,7 @@ pytest.importorskip("transformers")
 
 from jaxspec.cache import KVCache  # noqa: E402
 from jaxspec.checkpoints.hf import read_hf  # noqa: E402
-from jaxspec.models import llama  # noqa: E402
+from jaxspec import models  # noqa: E402
 from hf_tiny import FAMILIES, TOKENS, write_tiny  # noqa: E402  (tiny_hf fixture: conftest)
 
 ATOL = 1e-4
@@ -34,7 +34,7 @@ ATOL = 1e-4
 def logits(params, cfg, tokens=TOKENS):
     t = len(tokens)
     cache = KVCache.zeros(cfg, 1, 32, jnp.float32)
-    out, _, _ = llama.forward(params, cfg, jnp.asarray([tokens], jnp.int32), jnp.arange(t)[None], cache)
+    out = models.forward(params, cfg, jnp.asarray([tokens], jnp.int32), jnp.arange(t)[None], cache).logits
     return np.asarray(out[0])
 
 
@@ -89,7 +89,8 @@ def test_one_token_steps_equal_one_pass(tiny_hf, family):
     cache = KVCache.zeros(cfg, 1, 32, jnp.float32)
     rows = []
     for i, tok in enumerate(TOKENS):
-        out, _, cache = llama.forward(params, cfg, jnp.full((1, 1), tok, jnp.int32), jnp.full((1, 1), i), cache)
+        step = models.forward(params, cfg, jnp.full((1, 1), tok, jnp.int32), jnp.full((1, 1), i), cache)
+        out, cache = step.logits, step.cache
         rows.append(np.asarray(out[0, 0]))
     np.testing.assert_allclose(np.stack(rows), full, atol=2e-5, rtol=0)
 

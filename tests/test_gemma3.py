@@ -18,7 +18,7 @@ import pytest
 
 import jaxspec
 from jaxspec.cache import KVCache
-from jaxspec.models import llama
+from jaxspec import models
 
 DATA = pathlib.Path(__file__).parent / "data" / "gemma3_reference_logits.npz"
 ATOL = 2e-3
@@ -49,8 +49,8 @@ def test_logits_match_transformers(k):
     assert model.tokenizer.encode(str(ref["prompt"])) == ref["ids"].tolist()  # our SentencePiece == transformers'
     t = len(ref["ids"])
     cache = KVCache.zeros(model.config, 1, t, jnp.float32)
-    out, _, _ = llama.forward(model.params, model.config, jnp.asarray(ref["ids"], jnp.int32)[None],
-                              jnp.arange(t)[None], cache)
+    out = models.forward(model.params, model.config, jnp.asarray(ref["ids"], jnp.int32)[None],
+                         jnp.arange(t)[None], cache).logits
     ours = np.asarray(out[0])
     np.testing.assert_allclose(ours[:, ref["cols"]], ref["logits"], atol=ATOL, rtol=0)
     lse = np.log(np.exp(ours - ours.max(-1, keepdims=True)).sum(-1)) + ours.max(-1)

@@ -20,7 +20,7 @@ import pytest
 
 import jaxspec
 from jaxspec.cache import KVCache
-from jaxspec.models import llama
+from jaxspec import models
 
 DATA = pathlib.Path(__file__).parent / "data" / "smollm2_reference_logits.npz"
 ATOL = 2e-3
@@ -43,7 +43,7 @@ def full_logits(model, ids):
     t = len(ids)
     cache = KVCache.zeros(model.config, 1, t, jnp.float32)
     positions = jnp.arange(t, dtype=jnp.int32)[None]
-    logits, _, _ = llama.forward(model.params, model.config, jnp.asarray(ids, jnp.int32)[None], positions, cache)
+    logits = models.forward(model.params, model.config, jnp.asarray(ids, jnp.int32)[None], positions, cache).logits
     return np.asarray(logits[0])
 
 
@@ -65,10 +65,12 @@ def test_cached_decode_matches_reference():
     ids = jnp.asarray(ref["ids"], jnp.int32)[None]
     t, half = ids.shape[1], ids.shape[1] // 2
     cache = KVCache.zeros(model.config, 1, 64, jnp.float32)
-    logits, _, cache = llama.forward(model.params, model.config, ids[:, :half], jnp.arange(half)[None], cache)
+    step = models.forward(model.params, model.config, ids[:, :half], jnp.arange(half)[None], cache)
+    logits, cache = step.logits, step.cache
     rows = [np.asarray(logits[0])]
     for i in range(half, t):
-        logits, _, cache = llama.forward(model.params, model.config, ids[:, i : i + 1], jnp.full((1, 1), i), cache)
+        step = models.forward(model.params, model.config, ids[:, i : i + 1], jnp.full((1, 1), i), cache)
+        logits, cache = step.logits, step.cache
         rows.append(np.asarray(logits[0]))
     ours = np.concatenate(rows)
     np.testing.assert_allclose(ours[:, ref["cols"]], ref["logits"], atol=ATOL, rtol=0)

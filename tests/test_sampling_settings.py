@@ -20,7 +20,7 @@ import jaxspec
 import jaxspec.api
 from jaxspec import stopping
 from jaxspec.cache import KVCache
-from jaxspec.models import llama
+from jaxspec import models
 from jaxspec.tokenizer import Tokenizer
 
 # 64 tokens in GPT-2's byte alphabet (Ġ = space, Ċ = newline), no merges: decode-only.
@@ -167,7 +167,7 @@ def test_min_new_tokens_suppresses_stops(tiny, tok, plain_greedy, kind):
 def _teacher_forced_logprobs(params, config, tokens):
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits = llama.forward(params, config, tokens, positions, KVCache.zeros(config, b, t, jnp.float32))[0]
+    logits = models.forward(params, config, tokens, positions, KVCache.zeros(config, b, t, jnp.float32)).logits
     return jax.nn.log_softmax(logits, axis=-1)
 
 

@@ -227,7 +227,7 @@ def read_hf(path: str, dtype=None, put: Callable | None = None) -> tuple[dict, M
         Converters pass a host-side cast to keep everything off the device.
 
     Returns:
-      ``(params, config)`` in the ``jaxspec.models.llama`` layout.
+      ``(params, config)`` in the ``jaxspec.models.decoder`` layout.
 
     Raises:
       FileNotFoundError: no such directory or no config.json.

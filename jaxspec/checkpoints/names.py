@@ -1,7 +1,7 @@
 """One table from jaxspec param paths to checkpoint tensor names (Hugging Face and GGUF).
 
 Every reader and writer walks ``tensor_specs(config)``: it lists each tensor of the params
-pytree (``jaxspec.models.llama`` layout) with its shape in our layout, its name in a Hugging
+pytree (``jaxspec.models.decoder`` layout) with its shape in our layout, its name in a Hugging
 Face ``*.safetensors`` file and in a llama.cpp GGUF file, and whether it is stored transposed
 (torch ``Linear`` keeps ``[out, in]``; we keep ``[in, out]``).
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.llama import param_shapes
+from jaxspec.models import param_shapes
 
 # our per-layer key -> (Hugging Face name inside "model.layers.N.", GGUF name inside "blk.N.")
 _LAYER = {

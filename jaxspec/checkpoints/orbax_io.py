@@ -60,7 +60,7 @@ def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dic
 
     Args:
       dst: destination directory (must not exist unless ``overwrite``).
-      params: pytree in the ``jaxspec.models.llama`` layout for ``config``.
+      params: pytree in the ``jaxspec.models.decoder`` layout for ``config``.
       config: its ``ModelConfig``.
       tokenizer_metadata: GGUF ``tokenizer.*`` (and ``general.name``) keys to keep.
       tokenizer_dir: a Hugging Face directory whose tokenizer files are copied.

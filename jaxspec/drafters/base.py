@@ -1,35 +1,134 @@
-"""The drafter protocol: what the engine asks of every way of proposing draft tokens.
+"""The drafter protocol: what the engine asks of every way of proposing draft trees.
 
-A drafter is a frozen, hashable object (it is a static argument of the compiled program);
-its weights, if any, travel separately as a params pytree so they are traced, not baked in.
-The engine owns the token buffer and the target; a drafter only sees the tokens so far:
+A drafter is a frozen, hashable object (a static argument of the compiled program); its
+weights, if any, travel separately as a params pytree so they are traced, not baked in. The
+engine owns the token buffer, the target and its cache; drafters know nothing of its loop:
 
-- ``tokens``: int32 ``[B, S]``, prompt then generated tokens at their absolute positions;
-  slots at and past ``seq_lens[b]`` are stale and must not be read as context.
-- ``seq_lens``: int32 ``[B]``, tokens per row so far; the last one, ``tokens[b, seq_lens[b]-1]``,
-  is the token the next draft continues from.
+- ``init(params, prefill, max_len)`` builds the drafter's state once the target has read the
+  prompt; ``prefill`` (``Prefill``) holds the prompt and the target's outputs of the layers
+  the drafter asked for (``Capabilities.capture``);
+- ``propose(params, state, context)`` returns a ``jaxspec.tree.Proposal`` (a tree of at most
+  ``n_nodes`` nodes, a chain being the special case) from the text so far (``Context``);
+- ``commit(params, state, committed)`` receives what verification kept (``Committed``): the
+  accepted path's window indices, the emitted tokens and the target's hidden states along
+  the path (what EAGLE and Medusa heads feed on), after the engine advanced ``seq_lens``.
 
-Drafters know nothing of the engine's loop: ``init`` builds the drafter's state after the
-prompt, ``propose`` returns ``gamma`` draft tokens per row, ``commit`` rolls the state forward
-after verification. Deterministic drafters return ``q = None`` (``jaxspec.acceptance`` then
-treats the proposal as one-hot). A draft of ``-1`` means "nothing to propose here"; a drafter
-with the class attribute ``abstains = True`` may return only -1s, and when no row has a draft
-the engine runs a cheaper one-token step (``jaxspec.engine``).
+What a drafter can do is declared, not guessed: ``capabilities`` (``Capabilities``).
+
+Token buffer conventions: ``tokens`` int32 ``[B, S]`` holds prompt then generated tokens at
+their absolute positions; slots at and past ``seq_lens[b]`` are stale. ``seq_lens`` int32
+``[B]``; the last token, ``tokens[b, seq_lens[b] - 1]``, is the root of the next tree and is
+not yet in any cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import jax
 
 from jaxspec.config import ModelConfig
+from jaxspec.sampling import History, SamplingParams
+from jaxspec.tree import Proposal
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    """What a drafter declares about itself (read by the engine and ``jaxspec.sharding``).
+
+    Attributes:
+      abstains: ``propose`` may mark every node invalid (nothing to propose); when no row of
+        the batch has a valid node the engine runs a one-token step instead of verifying an
+        empty tree.
+      shares_target_weights: the drafter's params are a view of the target's (early exit), so
+        under a mesh it runs on the target's shards.
+      capture: target layer ids whose outputs ``init`` and ``commit`` receive (empty: none).
+
+    Whether nodes carry q is not a flag: it is whether ``Proposal.q`` is None.
+    """
+
+    abstains: bool = False
+    shares_target_weights: bool = False
+    capture: tuple[int, ...] = ()
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prefill:
+    """What the drafter sees after the target read the prompt.
+
+    Attributes:
+      prompt: int32 ``[B, P]``, right-padded; prompt_lens: int32 ``[B]``.
+      captured: tuple of ``[B, P, D]``, the target's outputs of ``Capabilities.capture``'s
+        layers over the prompt (``jaxspec.models.ForwardOutput.captured``).
+      hidden: ``[B, P, D]``, the target's final hidden states over the prompt.
+    """
+
+    prompt: jax.Array
+    prompt_lens: jax.Array
+    captured: tuple
+    hidden: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """The text so far, as ``propose`` sees it.
+
+    Attributes:
+      tokens: int32 ``[B, S]``; seq_lens: int32 ``[B]`` (conventions in the module docstring).
+      keys: ``[B]`` PRNG keys for this step.
+      sampling: per-row ``SamplingParams``; history: ``History`` of the text so far. A drafter
+        with q must return the distributions its nodes were drawn from; processing its logits
+        like the target's (``processed_probs``) keeps q close to p.
+    """
+
+    tokens: jax.Array
+    seq_lens: jax.Array
+    keys: jax.Array
+    sampling: SamplingParams
+    history: History
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Committed:
+    """What verification kept, for ``commit`` (W = N + 1 window entries).
+
+    Attributes:
+      tokens: int32 ``[B, S]``, the buffer with the emitted tokens written;
+      seq_lens: int32 ``[B]``, already advanced;
+      n_accepted: int32 ``[B]``, accepted nodes (0 where the row emitted nothing this step);
+      path: int32 ``[B, W]``, window indices along the accepted path (``Accepted.path``): the
+        root, then the accepted nodes;
+      start: int32 ``[B]``, the cache slot of the root (the window's first slot);
+      hidden: ``[B, W, D]``, the target's final hidden states along ``path``;
+      captured: tuple of ``[B, W, D]`` along ``path``, one per ``Capabilities.capture`` layer.
+    """
+
+    tokens: jax.Array
+    seq_lens: jax.Array
+    n_accepted: jax.Array
+    path: jax.Array
+    start: jax.Array
+    hidden: jax.Array
+    captured: tuple
 
 
 class Drafter(Protocol):
-    """Protocol of all drafters. ``gamma`` (>= 1) is the static number of draft tokens."""
+    """Protocol of all drafters.
+
+    ``gamma`` (>= 1) is the deepest a proposal goes, ``n_nodes`` (>= gamma) its static node
+    budget N; a chain has ``n_nodes == gamma``.
+    """
 
     gamma: int
+    capabilities: Capabilities
+
+    @property
+    def n_nodes(self) -> int:
+        """N, the static number of nodes of every proposal."""
 
     def select_params(self, target_params: Any, drafter_params: Any) -> Any:
         """The params pytree the drafter runs on (its own weights, a view of the target's, or None)."""
@@ -37,29 +136,25 @@ class Drafter(Protocol):
     def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
         """Raise ``ValueError`` naming the problem if this drafter cannot serve the target."""
 
-    def init(self, params: Any, prompt: jax.Array, prompt_lens: jax.Array, max_len: int) -> Any:
-        """Drafter state after reading ``prompt`` int32 ``[B, P]`` (row ``b`` valid up to
-        ``prompt_lens[b]``), for sequences of at most ``max_len`` tokens."""
+    def init(self, params: Any, prefill: Prefill, max_len: int) -> Any:
+        """Drafter state after the prompt, for sequences of at most ``max_len`` cache slots."""
 
-    def propose(self, params, state, tokens, seq_lens, keys, sampling, history):
-        """Draft ``gamma`` tokens per row.
+    def propose(self, params: Any, state: Any, context: Context) -> tuple[Any, Proposal]:
+        """``(state, Proposal with n_nodes nodes)``."""
 
-        Args:
-          keys: ``[B]`` PRNG keys for this step.
-          sampling: ``jaxspec.sampling.SamplingParams``; history: ``jaxspec.sampling.History``
-            of the text so far. A drafter with q must return the distributions its drafts were
-            drawn from; processing its logits like the target's (``processed_probs``, with the
-            history advanced by its own drafts) keeps q close to p.
-        Returns:
-          ``(state, drafts int32[B, gamma], q float32[B, gamma, V] or None)``.
-        """
-
-    def commit(self, params, state, tokens, seq_lens, n_accepted):
-        """State after the engine kept ``n_accepted`` int32 ``[B]`` drafts and advanced
-        ``seq_lens`` (already updated; ``tokens`` holds the emitted tokens)."""
+    def commit(self, params: Any, state: Any, committed: Committed) -> Any:
+        """State after verification kept ``committed``."""
 
 
 def check_gamma(gamma: int) -> None:
     """Raise ``ValueError`` unless ``gamma`` is an int >= 1."""
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"gamma must be an integer >= 1 for a drafter, got {gamma!r}")
+
+
+def check_int(name: str, value, low: int, high: int | None = None, why: str = "") -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int in ``[low, high]``."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
+    if not ok:
+        limit = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be an integer {limit}{why}, got {value!r}")

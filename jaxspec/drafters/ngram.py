@@ -1,21 +1,26 @@
-"""N-gram prompt lookup drafting, computed on device.
+"""N-gram prompt lookup drafting, computed on device, as a chain or a tree of several matches.
 
-The drafts are the tokens that followed the most recent earlier occurrence of the sequence's
-last n tokens, trying n from ``max_n`` down to ``min_n`` (Saxena 2023, "Prompt Lookup
-Decoding"; Hugging Face's ``prompt_lookup_num_tokens``, vLLM's ``ngram`` method). Context is
-the prompt plus everything generated so far. Choices, written down:
+The drafts are the tokens that followed an earlier occurrence of the sequence's last n tokens,
+trying n from ``max_n`` down to ``min_n`` (Saxena 2023, "Prompt Lookup Decoding"; Hugging
+Face's ``prompt_lookup_num_tokens``, vLLM's ``ngram`` method). Context is the prompt plus
+everything generated so far. With ``branches = k > 1`` the k best matches each give a branch
+of ``gamma`` tokens from the root, and branches that start alike are merged into one path
+(a trie), so the tree has ``k * gamma`` node slots and no two siblings share a token. Choices,
+written down:
 
-- the most recent match wins (Hugging Face takes the earliest): in generated text that repeats
-  itself, the latest occurrence is the likeliest continuation;
+- matches are ranked by n-gram length, then recency: the most recent match of the longest
+  n wins (Hugging Face takes the earliest): in generated text that repeats itself, the latest
+  occurrence is the likeliest continuation; each continuation start counts once;
 - when the match's continuation runs into the present, it repeats with the match's period
   (tokens ``[j + n, seq_len)`` cycled), which drafts loops and lists well;
 - ``min_n`` defaults to 2: single-token matches draft poorly (on 8 Spec-Bench prompts with
   SmolLM2 on CPU, min_n 1 gave tau 1.43 but 0.99x plain speed, min_n 2 tau 1.31 and 1.10x,
   since a dead window costs a 5-token verify instead of a 1-token step);
-- with no match it abstains (drafts are -1, see ``jaxspec.acceptance``); when no row of the
-  batch has a draft the engine runs a one-token step instead of verifying an empty window.
+- with no match it abstains (every node invalid); when no row of the batch has a draft the
+  engine runs a one-token step instead of verifying an empty tree.
 
-Deterministic: ``q`` is ``None``.
+Deterministic: ``q`` is ``None`` (acceptance treats every node as a one-hot proposal, which
+is exact for distinct siblings: ``jaxspec.acceptance``).
 """
 
 from __future__ import annotations
@@ -26,24 +31,25 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
-from jaxspec.drafters.base import check_gamma
+from jaxspec.drafters.base import Capabilities, check_gamma, check_int
+from jaxspec.tree import Proposal
 
 MAX_NGRAM = 16  # the lookup unrolls over n-gram sizes: compile time grows ~quadratically
+MAX_BRANCHES = 16
 
 
-def lookup(row: jax.Array, n: jax.Array, gamma: int, max_n: int, min_n: int) -> jax.Array:
-    """Drafts for one sequence.
+def match_starts(row: jax.Array, n: jax.Array, k: int, max_n: int, min_n: int) -> jax.Array:
+    """The first continuation slots of the ``k`` best earlier matches of one sequence's tail.
 
     Args:
-      row: int32 ``[S]`` tokens, valid before ``n``.
-      n: int32 scalar, number of valid tokens (>= 1).
+      row: int32 ``[S]`` tokens, valid before ``n``; n: int32 scalar, valid tokens (>= 1).
 
     Returns:
-      int32 ``[gamma]``, all -1 when nothing matched.
+      int32 ``[k]``, best first (longest n-gram, then most recent); -1 where fewer matched.
     """
     s = row.shape[0]
-    start = jnp.int32(-1)  # first continuation slot of the chosen match
-    for size in range(max_n, min_n - 1, -1):
+    best = jnp.zeros((s,), jnp.int32)  # best[c]: longest n-gram whose match continues at slot c
+    for size in range(min_n, max_n + 1):
         if size >= s:
             continue
         pattern = jax.lax.dynamic_slice_in_dim(row, jnp.maximum(n - size, 0), size)
@@ -51,12 +57,43 @@ def lookup(row: jax.Array, n: jax.Array, gamma: int, max_n: int, min_n: int) -> 
         match = (j + size < n) & (n >= size)  # an earlier window with at least one token after it
         for i in range(size):
             match &= row[i : s - size + 1 + i] == pattern[i]
-        latest = jnp.max(jnp.where(match, j + size, -1))
-        start = jnp.where(start >= 0, start, latest)
+        best = best.at[j + size].max(jnp.where(match, size, 0), mode="drop")
+    score = jnp.where(best > 0, best * s + jnp.arange(s), -1)
+    top, starts = jax.lax.top_k(score, k)
+    return jnp.where(top >= 0, starts, -1).astype(jnp.int32)
+
+
+def continuation(row: jax.Array, n: jax.Array, start: jax.Array, gamma: int) -> jax.Array:
+    """int32 ``[gamma]``: the tokens from slot ``start`` on, cycled with the match's period
+    ``n - start`` when they run into the present."""
     period = jnp.maximum(n - start, 1)
-    offsets = jnp.arange(gamma) % period
-    drafts = row[jnp.clip(start + offsets, 0, s - 1)]
-    return jnp.where(start >= 0, drafts, -1).astype(jnp.int32)
+    return row[jnp.clip(start + jnp.arange(gamma) % period, 0, row.shape[0] - 1)]
+
+
+def merge_branches(branches: jax.Array, found: jax.Array):
+    """Merge ``k`` branches of ``gamma`` tokens from the root into a trie.
+
+    Args:
+      branches: int32 ``[k, gamma]``; found: bool ``[k]``, which branches exist.
+
+    Returns:
+      ``(tokens [k * gamma], parents [k * gamma], valid [k * gamma])``, node ``b * gamma + l``
+      being depth l + 1 of branch b; a node whose path equals an earlier branch's is invalid
+      and its children hang off that branch's node instead (parents stay earlier nodes).
+    """
+    k, gamma = branches.shape
+    same = jnp.cumprod(branches[:, None, :] == branches[None, :, :], axis=2).astype(bool)  # [k, k, gamma]
+    same &= found[None, :, None]
+    earlier = jnp.arange(k)[None, :] < jnp.arange(k)[:, None]  # [k, k]: b' < b
+    dup = same & earlier[:, :, None]
+    first = jnp.argmax(dup, axis=1)  # [k, gamma]: the earliest branch with the same path
+    is_dup = jnp.any(dup, axis=1)
+    owner = jnp.where(is_dup, first, jnp.arange(k)[:, None])  # who holds node (b, l)
+    depth = jnp.arange(gamma)[None, :]
+    parent_owner = jnp.concatenate([owner[:, :1], owner[:, :-1]], axis=1)
+    parents = jnp.where(depth == 0, -1, parent_owner * gamma + depth - 1)
+    valid = found[:, None] & ~is_dup
+    return branches.reshape(-1), parents.reshape(-1).astype(jnp.int32), valid.reshape(-1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,18 +101,21 @@ class NGramDrafter:
     """Prompt-lookup drafter.
 
     Attributes:
-      gamma: draft tokens per step (>= 1).
+      gamma: draft tokens per branch (the tree's depth, >= 1).
       max_n: longest n-gram matched (>= min_n).
       min_n: shortest n-gram matched (>= 1).
+      branches: matches drafted as branches of one tree (1 = a chain), in [1, 16]; the node
+        budget is ``branches * gamma``.
 
     Raises:
-      ValueError: at construction, for gamma < 1 or n-gram sizes out of range.
+      ValueError: at construction, for gamma < 1, n-gram sizes or branches out of range.
     """
 
     gamma: int = 4
     max_n: int = 3
     min_n: int = 2
-    abstains = True  # class attribute, not a field: may return no drafts (-1)
+    branches: int = 1
+    capabilities = Capabilities(abstains=True)  # class attribute, not a field
 
     def __post_init__(self):
         check_gamma(self.gamma)
@@ -84,6 +124,12 @@ class NGramDrafter:
                 f"n-gram sizes need 1 <= min_n <= max_n <= {MAX_NGRAM} (compile time grows with max_n), "
                 f"got min_n={self.min_n}, max_n={self.max_n}"
             )
+        check_int("branches", self.branches, 1, MAX_BRANCHES)
+
+    @property
+    def n_nodes(self) -> int:
+        """N = branches * gamma."""
+        return self.branches * self.gamma
 
     def select_params(self, target_params, drafter_params):
         return None
@@ -91,12 +137,17 @@ class NGramDrafter:
     def validate(self, target_config: ModelConfig, drafter_params) -> None:
         return None
 
-    def init(self, params, prompt, prompt_lens, max_len):
+    def init(self, params, prefill, max_len):
         return None
 
-    def propose(self, params, state, tokens, seq_lens, keys, sampling, history):
-        drafts = jax.vmap(lambda row, n: lookup(row, n, self.gamma, self.max_n, self.min_n))(tokens, seq_lens)
-        return state, drafts, None
+    def _draft_row(self, row, n):
+        starts = match_starts(row, n, self.branches, self.max_n, self.min_n)
+        conts = jax.vmap(lambda st: continuation(row, n, st, self.gamma))(starts)
+        return merge_branches(conts, starts >= 0)
 
-    def commit(self, params, state, tokens, seq_lens, n_accepted):
+    def propose(self, params, state, context):
+        tokens, parents, valid = jax.vmap(self._draft_row)(context.tokens, context.seq_lens)
+        return state, Proposal(tokens, parents, valid, None)
+
+    def commit(self, params, state, committed):
         return state

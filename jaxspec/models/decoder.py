@@ -1,5 +1,5 @@
-"""Decoder-only transformer as pure functions over a params pytree: the Llama family (Llama 2/3,
-Mistral, Qwen2, Qwen3, SmolLM2) and Gemma 3, one forward with config switches
+"""The decoder: one decoder-only transformer as pure functions over a params pytree, serving
+the Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM2) and Gemma 3 through config switches
 (``ModelConfig``: q/k/v bias, q/k norm, RoPE scaling, sliding-window layers with their own RoPE
 base, sandwich norms, embedding scale, GeGLU, final-logit soft-capping).
 
@@ -32,12 +32,19 @@ logits into the full vocabulary.
 Layers are a Python list, not stacked: DESIGN.md measured unrolled layers 1.5x faster than
 ``lax.scan`` over stacked weights on H200; the price is compile time linear in depth.
 
-Shape letters: B batch, T new tokens, S cache slots, D model width, H query heads, K KV heads,
-G = H / K query heads per KV head, h head dim, F MLP width, V vocabulary.
+Shape letters: the package legend (``jaxspec``): B batch, T new tokens, S cache slots, D model
+width, H query heads, K KV heads, h head dim, F MLP width, V vocabulary; in einsum strings the
+lower-case g is H / K, the query heads sharing one KV head.
+
+``forward`` is the one interface the engine and every drafter use (prefill, decode, chain and
+tree verification, drafting): tokens at any positions, written at any cache offset, with an
+optional tree mask, returning logits, the final hidden state and the outputs of requested
+layers (what EAGLE-3 and Medusa heads read).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -57,18 +64,52 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -
     return (y * (offset + weight.astype(jnp.float32))).astype(x.dtype)
 
 
-def attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, positions: jax.Array, *, scale: float = 0.0, window: int = 0,
-) -> jax.Array:
-    """Grouped-query attention of new queries over the whole cache, causal by position.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TreeMask:
+    """Which cache slots the new tokens see, when they are not a contiguous run (a draft tree).
+
+    Slots below ``start[b]`` (the committed text) are visible to every query; the W slots
+    ``start[b] .. start[b] + W - 1`` (the window) are visible to query t where
+    ``visible[b, t, w]``; slots past the window are not. The window slots hold tokens at
+    ``positions[b, w]`` (for RoPE they were written with, and for sliding windows).
+
+    Attributes:
+      start: int32 ``[B]``; visible: bool ``[B, T, W]``; positions: int32 ``[B, W]``.
+    """
+
+    start: jax.Array
+    visible: jax.Array
+    positions: jax.Array
+
+
+def _visible(positions: jax.Array, n_slots: int, mask: TreeMask | None, window: int) -> jax.Array:
+    """bool ``[B, T, S]``: which cache slots each query may attend to."""
+    slots = jnp.arange(n_slots)[None, None, :]
+    if mask is None:  # contiguous: slot s holds position s, causal by position
+        key_pos = slots
+        visible = slots <= positions[:, :, None]
+    else:
+        w = mask.visible.shape[-1]
+        rel = slots - mask.start[:, None, None]  # [B, 1, S]
+        in_window = (rel >= 0) & (rel < w)
+        idx = jnp.clip(rel, 0, w - 1)
+        seen = jnp.take_along_axis(mask.visible, jnp.broadcast_to(idx, positions.shape + (n_slots,)), axis=2)
+        visible = (rel < 0) | (in_window & seen)
+        key_pos = jnp.where(in_window, jnp.take_along_axis(mask.positions, idx[:, 0], axis=1)[:, None], slots)
+    if window:
+        visible &= key_pos > positions[:, :, None] - window
+    return visible
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, scale: float = 0.0) -> jax.Array:
+    """Grouped-query attention of new queries over the cache.
 
     Args:
       q: ``[B, T, H, h]``; k, v: ``[B, S, K, h]`` (cache, new tokens already written).
-      positions: int32 ``[B, T]``; query ``t`` sees cache slots ``s <= positions[b, t]``, so
-        stale slots past a sequence's length are never read.
+      visible: bool ``[B, T, S]`` (``_visible``): causal by position for contiguous tokens,
+        the ancestors for a tree; stale slots are never visible.
       scale: score scale; 0 means ``h ** -0.5``.
-      window: > 0: query ``t`` also needs ``positions[b, t] - s < window`` (sliding window,
-        the same rule as transformers' ``sliding_window_overlay``).
 
     Returns:
       ``[B, T, H * h]``.
@@ -78,10 +119,6 @@ def attention(
     q = q.reshape(b, t, n_kv, n_heads // n_kv, h)
     scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
     scores = scores * scale if scale else scores / np.sqrt(h)
-    slots = jnp.arange(k.shape[1])[None, None, :]
-    visible = slots <= positions[:, :, None]  # [B, T, S]
-    if window:
-        visible &= slots > positions[:, :, None] - window
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", weights, v)
@@ -114,7 +151,7 @@ def embed(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Array:
     return x
 
 
-def _block(layer: dict, i: int, x, positions, k_cache, v_cache, config: ModelConfig, visible_slots: int | None):
+def _block(layer: dict, i: int, x, positions, write_at, k_cache, v_cache, config: ModelConfig, visible):
     b, t, _ = x.shape
     hd, eps, off = config.head_dim, config.norm_eps, config.norm_offset
     with jax.named_scope("attention"):
@@ -129,11 +166,11 @@ def _block(layer: dict, i: int, x, positions, k_cache, v_cache, config: ModelCon
             q, k = rms_norm(q, layer["q_norm"], eps, off), rms_norm(k, layer["k_norm"], eps, off)
         freqs = rope.layer_inv_freq(config, i)
         q, k = rope.apply(q, positions, freqs), rope.apply(k, positions, freqs)
-        k_cache = write(k_cache, k, positions[:, 0])
-        v_cache = write(v_cache, v, positions[:, 0])
-        k_seen, v_seen = k_cache[:, :visible_slots], v_cache[:, :visible_slots]
-        window = config.sliding_window if config.is_sliding(i) else 0
-        y = attention(q, k_seen, v_seen, positions, scale=config.attn_scale, window=window) @ layer["wo"]
+        k_cache = write(k_cache, k, write_at)
+        v_cache = write(v_cache, v, write_at)
+        seen = visible[config.is_sliding(i)]
+        n = seen.shape[-1]
+        y = attention(q, k_cache[:, :n], v_cache[:, :n], seen, scale=config.attn_scale) @ layer["wo"]
         y = _all_reduce(y, config)
         if config.sandwich_norms:
             y = rms_norm(y, layer["post_attn_norm"], eps, off)
@@ -148,37 +185,76 @@ def _block(layer: dict, i: int, x, positions, k_cache, v_cache, config: ModelCon
     return x, k_cache, v_cache
 
 
-def forward_hidden(
-    params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array, cache: KVCache,
-    visible_slots: int | None = None,
-):
-    """Run the decoder over new tokens, writing their keys and values into the cache.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ForwardOutput:
+    """What ``forward`` returns.
 
-    Serves prefill (T = prompt length), decode (T = 1) and verify (T = gamma + 1) alike.
+    Attributes:
+      logits: float32 ``[B, T, V]`` (None with ``head=False``).
+      hidden: ``[B, T, D]``, the final hidden state (after the final norm).
+      captured: tuple of ``[B, T, D]``, the residual stream after each layer in ``capture``
+        (layer i's output, Hugging Face's ``hidden_states[i + 1]``), in ``capture``'s order.
+      cache: the updated ``KVCache``.
+    """
+
+    logits: jax.Array | None
+    hidden: jax.Array
+    captured: tuple
+    cache: KVCache
+
+
+def forward(
+    params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array, cache: KVCache, *,
+    write_at: jax.Array | None = None, mask: TreeMask | None = None, capture: tuple[int, ...] = (),
+    head: bool = True, visible_slots: int | None = None,
+) -> ForwardOutput:
+    """Run the decoder over T new tokens, writing their keys and values into the cache: the one
+    interface for prefill (T = prompt length), decode (T = 1), chain and tree verification
+    (T = N + 1) and drafting.
 
     Args:
-      params: the pytree described in the module docstring.
-      config: its ``ModelConfig``.
+      params: the pytree described in the module docstring; config: its ``ModelConfig``.
       tokens: int32 ``[B, T]``.
-      positions: int32 ``[B, T]``, contiguous per row (``positions[b, t] = start[b] + t``);
-        the tokens are written to cache slots ``start[b] .. start[b] + T - 1``.
-      cache: ``KVCache`` with ``config.n_layers`` layers and ``S >= max(positions) + 1``.
-      visible_slots: static bound ``> max(positions)``: attention reads only cache slots below
-        it. Prefill passes the prompt length (keys past it are all masked anyway), which saves
-        scoring ``T x S`` instead of ``T x T`` pairs; None reads the whole cache.
+      positions: int32 ``[B, T]``, each token's position (RoPE, causality): contiguous
+        ``start + t`` for a run of text, ``committed length + depth`` for a tree.
+      cache: ``KVCache`` with ``config.n_layers`` layers.
+      write_at: int32 ``[B]``: the tokens go to cache slots ``write_at .. write_at + T - 1``;
+        default ``positions[:, 0]``. The caller guarantees ``write_at + T <= S``.
+      mask: None for a contiguous run (query t sees slots ``<= positions[b, t]``), or a
+        ``TreeMask`` (the ancestors of each node).
+      capture: layer ids whose outputs to return (``ForwardOutput.captured``), e.g. the low,
+        middle and high layers an EAGLE-3 head reads.
+      head: compute the logits (False: only hidden states, e.g. prefill, which needs the last
+        prompt position's logits only: ``logits_from_hidden``).
+      visible_slots: static bound on the slots any query sees (prefill passes the padded prompt
+        length: scores ``T x T`` pairs instead of ``T x S``); None reads the whole cache.
 
     Returns:
-      ``(hidden [B, T, D] after the final norm, updated cache)``.
+      ``ForwardOutput``.
+
+    Raises:
+      ValueError: a ``capture`` layer id outside ``[0, n_layers)``.
     """
+    bad = [i for i in capture if not 0 <= i < config.n_layers]
+    if bad:
+        raise ValueError(f"capture layer {bad[0]} outside [0, {config.n_layers}) for {config.name}")
+    write_at = positions[:, 0] if write_at is None else write_at
+    n_slots = cache.max_len if visible_slots is None else visible_slots
+    visible = {s: _visible(positions, n_slots, mask, config.sliding_window if s else 0)
+               for s in {config.is_sliding(i) for i in range(config.n_layers)}}
     x = embed(params, config, tokens)
-    ks, vs = [], []
+    ks, vs, captured = [], [], {}
     for i, layer in enumerate(params["layers"][: config.n_layers]):
         with jax.named_scope(f"layer_{i}"):
-            x, k, v = _block(layer, i, x, positions, cache.k[i], cache.v[i], config, visible_slots)
+            x, k, v = _block(layer, i, x, positions, write_at, cache.k[i], cache.v[i], config, visible)
         ks.append(k)
         vs.append(v)
-    x = rms_norm(x, params["final_norm"], config.norm_eps, config.norm_offset)
-    return x, KVCache(k=tuple(ks), v=tuple(vs))
+        if i in capture:
+            captured[i] = x
+    hidden = rms_norm(x, params["final_norm"], config.norm_eps, config.norm_offset)
+    logits = logits_from_hidden(params, config, hidden) if head else None
+    return ForwardOutput(logits, hidden, tuple(captured[i] for i in capture), KVCache(k=tuple(ks), v=tuple(vs)))
 
 
 def logits_from_hidden(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
@@ -198,12 +274,6 @@ def logits_from_hidden(params: dict, config: ModelConfig, hidden: jax.Array) -> 
     if config.tp_axis:
         out = jax.lax.all_gather(out, config.tp_axis, axis=out.ndim - 1, tiled=True)
     return out
-
-
-def forward(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array, cache: KVCache):
-    """``forward_hidden`` plus the head: ``(logits f32[B, T, V], hidden [B, T, D], cache)``."""
-    hidden, cache = forward_hidden(params, config, tokens, positions, cache)
-    return logits_from_hidden(params, config, hidden), hidden, cache
 
 
 def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.5) -> dict:
