@@ -1,4 +1,6 @@
-"""``jaxspec.acceptance.accept`` on exact small arrays (Leviathan et al. 2023, Alg. 1).
+"""``jaxspec.acceptance.accept`` on exact small arrays: chains (Leviathan et al. 2023, Alg. 1)
+through ``accept_chain`` (drafts ``[B, gamma]``, -1 = no draft), and trees (SpecInfer, Miao et
+al. 2024, Sec. 4.2; EAGLE-2's rule for distinct deterministic siblings).
 
 Frequencies are checked against exact probabilities with a 5-sigma binomial bound: for n
 independent rows and probability pr the count's standard deviation is sqrt(n pr (1 - pr)),
@@ -15,8 +17,22 @@ import numpy as np
 import pytest
 
 from jaxspec import acceptance
+from jaxspec.tree import Proposal, Tree
 
-accept = jax.jit(acceptance.accept)
+
+@jax.jit
+def accept(keys, p, q, drafts):
+    """Chain verification: ``(n_accepted [B], tokens [B, gamma + 1])``."""
+    proposal = Proposal.chain(jnp.maximum(drafts, 0), valid=drafts >= 0, q=q)
+    out = acceptance.accept(keys, p, q, Tree.of(jnp.zeros(drafts.shape[:1], jnp.int32), proposal))
+    return out.n_accepted, out.tokens
+
+
+@jax.jit
+def accept_tree(keys, p, q, tokens, parents, valid):
+    """Tree verification of nodes ``[B, N]``: ``Accepted``."""
+    proposal = Proposal(tokens, parents, valid, q)
+    return acceptance.accept(keys, p, q, Tree.of(jnp.zeros(tokens.shape[:1], jnp.int32), proposal))
 
 
 def _keys(b: int, seed: int = 0) -> jax.Array:
@@ -186,3 +202,79 @@ def test_tiny_temperature_is_a_valid_distribution():
     logits = jnp.array([[1.0, 3.0, 2.0], [-50.0, 40.0, 39.9]])
     probs = jax.jit(processed_probs)(logits, SamplingParams.make(2, temperature=[1e-10, 1e-30]))
     np.testing.assert_array_equal(np.asarray(probs), [[0, 1, 0], [0, 1, 0]])
+
+
+def _siblings(b, tokens):
+    """``(tokens, parents, valid)`` for one level of siblings under the root."""
+    n = len(tokens)
+    return (jnp.asarray(np.broadcast_to(np.int32(tokens), (b, n))), jnp.full((b, n), -1, jnp.int32),
+            jnp.ones((b, n), bool))
+
+
+def test_distinct_deterministic_siblings_emit_exactly_p():
+    """EAGLE-2's rule: siblings 0 then 1 (no q): accept 0 with p(0) = 0.5; else 1 with
+    p(1) / (1 - p(0)) = 0.6; else draw from p without {0, 1}. Each outcome's exact
+    probability: emitted 0 w.p. 0.5, 1 w.p. 0.3, 2 w.p. 0.2 (path node 1, 2 or none)."""
+    b, v = 20000, 3
+    p = jnp.asarray(np.broadcast_to(np.float32([0.5, 0.3, 0.2]), (b, 3, v)))
+    out = accept_tree(_keys(b, 7), p, None, *_siblings(b, [0, 1]))
+    first = np.where(np.asarray(out.n_accepted) > 0, np.asarray(out.tokens)[:, 0], np.asarray(out.tokens)[:, 0])
+    for tok, pr in enumerate([0.5, 0.3, 0.2]):
+        assert _within_5_sigma(int((first == tok).sum()), b, pr), (tok, (first == tok).mean())
+    path = np.asarray(out.path)[:, 1]
+    np.testing.assert_array_equal(path[first == 0], 1)  # sibling 0 is window entry 1
+    np.testing.assert_array_equal(path[first == 1], 2)
+    np.testing.assert_array_equal(np.asarray(out.n_accepted)[first == 2], 0)
+
+
+def test_greedy_tree_takes_the_argmax_branch_and_goes_deep():
+    """Greedy: the path follows the argmax at each level, whichever sibling holds it.
+    Nodes: 0 and 1 under the root (tokens 3, 1), 2 under 0 (token 2), 3 under 1 (token 0);
+    the argmax is 1 at the root and 0 after it, then 2: accepted path 1 -> 3, bonus 2."""
+    v = 4
+    tokens = jnp.asarray([[3, 1, 2, 0]], jnp.int32)
+    parents = jnp.asarray([[-1, -1, 0, 1]], jnp.int32)
+    argmax = [1, 0, 0, 0, 2]  # per window entry: root, nodes 0..3
+    p = _one_hot([argmax], v)
+    out = accept_tree(_keys(1), p, None, tokens, parents, jnp.ones((1, 4), bool))
+    assert int(out.n_accepted[0]) == 2
+    np.testing.assert_array_equal(np.asarray(out.tokens)[0, :3], [1, 0, 2])
+    np.testing.assert_array_equal(np.asarray(out.path)[0, :3], [0, 2, 4])
+
+
+def test_siblings_sampled_from_q_emit_exactly_p():
+    """SpecInfer's multi-candidate rule: 3 siblings drawn i.i.d. from q, each with its q; after
+    each rejection the residual is norm(max(0, r - q)). The emitted token follows p. A wrong
+    rule that keeps r = p after a rejection (the rejected candidate not removed) must fail."""
+    b, v = 30000, 4
+    p_row = np.float32([0.1, 0.2, 0.3, 0.4])
+    q_row = np.float32([0.4, 0.3, 0.2, 0.1])
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.choice(v, size=(b, 3), p=q_row).astype(np.int32))
+    p = jnp.asarray(np.broadcast_to(p_row, (b, 4, v)))
+    q = jnp.asarray(np.broadcast_to(q_row, (b, 3, v)))
+    out = accept_tree(_keys(b, 9), p, q, tokens, jnp.full((b, 3), -1, jnp.int32), jnp.ones((b, 3), bool))
+    first = np.asarray(out.tokens)[:, 0]
+    for tok in range(v):
+        assert _within_5_sigma(int((first == tok).sum()), b, float(p_row[tok])), (tok, (first == tok).mean())
+    # The wrong rule: each sibling tested against p itself (no residual update).
+    u = np.asarray(jax.vmap(lambda k: jax.random.uniform(k, (3,)))(jax.vmap(lambda k: jax.random.fold_in(k, 0))(_keys(b, 9))))
+    t = np.asarray(tokens)
+    ok = u * q_row[t] < p_row[t]
+    wrong = np.where(ok[:, 0], t[:, 0], np.where(ok[:, 1], t[:, 1], np.where(ok[:, 2], t[:, 2], -1)))
+    fallback = rng.choice(v, size=b, p=p_row)
+    wrong = np.where(wrong >= 0, wrong, fallback)
+    assert not all(_within_5_sigma(int((wrong == tok).sum()), b, float(p_row[tok])) for tok in range(v))
+
+
+def test_invalid_nodes_and_their_subtrees_are_never_accepted():
+    """Node 0 is invalid: even where its token and its child's token are the argmax, the
+    path never enters it; node 2 (valid, under the root) is taken instead."""
+    v = 4
+    tokens = jnp.asarray([[1, 2, 3]], jnp.int32)
+    parents = jnp.asarray([[-1, 0, -1]], jnp.int32)
+    valid = jnp.asarray([[False, True, True]])
+    p = _one_hot([[1, 2, 0, 0]], v)  # root's argmax 1 (node 0's token), node 0's argmax 2
+    out = accept_tree(_keys(1), p, None, tokens, parents, valid)
+    assert int(out.n_accepted[0]) == 0
+    assert int(out.tokens[0, 0]) == 1  # the replacement is the argmax itself

@@ -20,3 +20,152 @@ def test_chains_give_the_pinned_tokens(tiny, case):
     assert out.tokens == case["tokens"]
     assert out.metrics.accepted.tolist() == case["accepted"]
     assert out.metrics.drafted.tolist() == case["drafted"]
+
+
+# ------------------------------------------------------------------ greedy trees == plain decoding
+
+import dataclasses  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxspec  # noqa: E402
+import jaxspec.api  # noqa: E402
+from jaxspec.drafters.base import Capabilities  # noqa: E402
+from jaxspec.drafters.model import DraftState  # noqa: E402
+from jaxspec.tokenizer import Tokenizer  # noqa: E402
+from jaxspec.tree import Proposal, Tree  # noqa: E402
+
+# Topologies of 6 nodes (parents) and the node on the "spine" at depths 1.. (-1: none): the
+# spine carries the target's own greedy continuation, every other node a wrong token.
+TOPOLOGIES = {
+    "unbalanced": ([-1, -1, 1, 1, 3, 0], [1, 3, 4, -1, -1, -1]),
+    "wide": ([-1, -1, -1, -1, -1, -1], [4, -1, -1, -1, -1, -1]),
+    "chain": ([-1, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5]),
+    "two_deep": ([-1, 0, -1, 2, 3, 2], [2, 5, -1, -1, -1, -1]),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapedDrafter:
+    """A test drafter whose tree topology is DATA (``drafter_params``): per row, parents [N]
+    and a spine [N] of node ids per depth. Spine nodes hold the greedy drafts of an inner
+    chain ``ModelDrafter`` run on the target's own weights (so under greedy the spine is
+    accepted as deep as it goes); other nodes hold wrong tokens."""
+
+    config: jaxspec.ModelConfig
+    n_nodes: int = 6
+    capabilities = Capabilities()
+
+    @property
+    def gamma(self) -> int:
+        return self.n_nodes
+
+    @property
+    def inner(self):
+        return jaxspec.ModelDrafter(self.config, gamma=self.n_nodes)
+
+    def select_params(self, target_params, drafter_params):
+        return {"model": target_params, **drafter_params}
+
+    def validate(self, target_config, drafter_params):
+        return None
+
+    def init(self, params, prefill, max_len):
+        return self.inner.init(params["model"], prefill, max_len)
+
+    def propose(self, params, state, context):
+        state, chain = self.inner.propose(params["model"], state, context)
+        parents, spine = params["parents"], params["spine"]
+        b, n = parents.shape
+        depth = Tree.of(jnp.zeros((b,), jnp.int32), Proposal(jnp.zeros((b, n), jnp.int32), parents,
+                                                             jnp.ones((b, n), bool))).depth[:, 1:]
+        node = jnp.arange(n)[None]
+        at_depth = jnp.take_along_axis(chain.tokens, depth - 1, axis=1)
+        on_spine = jnp.take_along_axis(spine, depth - 1, axis=1) == node
+        tokens = jnp.where(on_spine, at_depth, (at_depth + 1 + node) % self.config.vocab_size)
+        slots = jnp.where(on_spine & (depth < n), depth, -1).astype(jnp.int32)
+        return DraftState(state.cache, slots), Proposal(tokens, parents, jnp.ones((b, n), bool), None)
+
+    def commit(self, params, state, committed):
+        return self.inner.commit(params["model"], state, committed)
+
+
+def shaped_params(names):
+    parents = np.array([TOPOLOGIES[n][0] for n in names], np.int32)
+    spine = np.array([TOPOLOGIES[n][1] for n in names], np.int32)
+    return {"parents": jnp.asarray(parents), "spine": jnp.asarray(spine)}
+
+
+ROW_TOPOLOGIES = ["unbalanced", "wide", "chain"]  # batch 3: a different tree per row
+TREE_DRAFTERS = ["ngram_tree", "model_tree", "self_tree", "early_exit_tree", "shaped"]
+PENALTIES = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.3)
+TOKENS = (list("abcdefghijklmnopqrstuvwxyz") + ["Ġ", ",", ".", "Ċ"] + list("0123456789")
+          + ["ab", "ba", "an", "na", "Ġa", "Ġb", "ing", "Ġthe", "er", "re", "on", "no", "at", "ta", "Ġc", "es",
+             "se", "ed", "de", "or", "ro", "en", "ne", "it"])
+
+
+def tree_drafter(tiny, kind: str, batch: int):
+    """``(drafter, drafter_params)`` in tree mode."""
+    cfg = tiny.cfg
+    if kind == "ngram_tree":
+        return jaxspec.NGramDrafter(gamma=3, branches=3, min_n=1), None
+    if kind == "model_tree":
+        return jaxspec.ModelDrafter(cfg, gamma=3, tree_nodes=8, branching=3), tiny.noisy_params
+    if kind == "self_tree":
+        return jaxspec.ModelDrafter(cfg, gamma=4, tree_nodes=7, branching=2), tiny.params
+    if kind == "early_exit_tree":
+        return jaxspec.EarlyExitDrafter(cfg, n_layers=1, gamma=3, tree_nodes=6, branching=2), None
+    if kind == "shaped":
+        return ShapedDrafter(cfg), shaped_params(ROW_TOPOLOGIES[:batch] if batch > 1 else ["unbalanced"])
+    raise ValueError(kind)
+
+
+def gen(tiny, prompts, drafter=None, dparams=None, **kw):
+    kw.setdefault("ignore_eos", True)
+    kw.setdefault("max_new_tokens", tiny.max_new)
+    return jaxspec.generate(tiny.params, prompts, config=tiny.cfg, drafter=drafter, drafter_params=dparams, **kw)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer(TOKENS, merges=[], name="tiny-bytes")
+
+
+@pytest.mark.parametrize("kind", TREE_DRAFTERS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_tree_equals_plain(tiny, tok, kind, batch):
+    """Invariant 1 for trees: greedy output == plain greedy output for every drafter in tree
+    mode, batch 1 and 3 (a different topology per row for ``shaped``), plain, with
+    penalties (counted along each node's own ancestors) and with a stop string that
+    completes on the accepted path."""
+    prompts = tiny.prompts[:batch]
+    drafter, dparams = tree_drafter(tiny, kind, batch)
+    plain = gen(tiny, prompts)
+    spec = gen(tiny, prompts, drafter, dparams)
+    assert spec.tokens == plain.tokens
+    assert spec.metrics.accepted.sum() > 0, "no draft accepted: the test would not exercise the tree path"
+    if kind in ("self_tree", "shaped"):
+        assert spec.metrics.tau > 2.0, spec.metrics.tau  # the target's own drafts go deep
+    penalised = gen(tiny, prompts, **PENALTIES)
+    assert penalised.tokens != plain.tokens
+    assert gen(tiny, prompts, drafter, dparams, **PENALTIES).tokens == penalised.tokens
+    text = tok.decode(plain.tokens[0])
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    plain_stop = gen(tiny, prompts, tokenizer=tok, stop=[stop])
+    assert plain_stop.finish_reasons[0] == "stop"
+    spec_stop = gen(tiny, prompts, drafter, dparams, tokenizer=tok, stop=[stop])
+    assert (spec_stop.tokens, spec_stop.texts) == (plain_stop.tokens, plain_stop.texts)
+
+
+def test_new_topology_per_call_and_row_reuses_the_program(tiny):
+    """Topologies are data: permuting the rows' trees, or giving every row the same one,
+    compiles nothing new and still equals plain decoding."""
+    drafter = ShapedDrafter(tiny.cfg)
+    plain = gen(tiny, tiny.prompts).tokens
+    assert gen(tiny, tiny.prompts, drafter, shaped_params(ROW_TOPOLOGIES)).tokens == plain
+    compiled = len(jaxspec.api._COMPILED)
+    for names in (["chain", "unbalanced", "wide"], ["two_deep"] * 3, ["wide", "two_deep", "chain"]):
+        assert gen(tiny, tiny.prompts, drafter, shaped_params(names)).tokens == plain
+    assert len(jaxspec.api._COMPILED) == compiled
