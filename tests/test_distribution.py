@@ -1,7 +1,7 @@
 """Invariant 2: speculative sampling draws from exactly the target's distribution.
 
 A tiny target (vocabulary 8) generates 3 tokens after a fixed prompt; the exact probability
-of each of the 8^3 = 512 continuations is enumerated from ``models.forward`` over all
+of each of the 8^3 = 512 continuations is enumerated from ``jaxspec.models.forward`` over all
 prefixes, each step processed by ``reference_probs``: an independent float64 implementation
 of the settings (penalties, temperature, top-k, top-p, min-p; Hugging Face's processors,
 sort-based), not the engine's ``jaxspec.sampling``. Settings: ``SETTINGS``.
@@ -60,7 +60,7 @@ import jaxspec.api
 import jaxspec.sampling
 from jaxspec import acceptance, engine
 from jaxspec.cache import KVCache
-from jaxspec import models
+from jaxspec import models as decoder
 from jaxspec.sampling import History, SamplingParams, processed_probs, sample
 
 V = 8
@@ -198,8 +198,8 @@ TARGET_SEED, DRAFT_SEED = 10, 11
 @pytest.fixture(scope="module")
 def models():
     return {
-        "target": models.init_params(TARGET, jax.random.key(TARGET_SEED), scale=1.0),
-        "draft": models.init_params(DRAFT, jax.random.key(DRAFT_SEED), scale=1.0),
+        "target": decoder.init_params(TARGET, jax.random.key(TARGET_SEED), scale=1.0),
+        "draft": decoder.init_params(DRAFT, jax.random.key(DRAFT_SEED), scale=1.0),
     }
 
 
@@ -208,7 +208,7 @@ def _full_logits(params, config, tokens):
     """Uncached forward over whole sequences: float32 logits ``[B, T, V]``."""
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    return models.forward(params, config, tokens, positions, KVCache.zeros(config, b, t, jnp.float32)).logits
+    return decoder.forward(params, config, tokens, positions, KVCache.zeros(config, b, t, jnp.float32)).logits
 
 
 def reference_probs(logits: np.ndarray, prompt, generated, settings: dict) -> np.ndarray:
@@ -249,7 +249,7 @@ def _prefix_logits(which: str, seed: int) -> np.ndarray:
     """float64 ``[V^2, len(PROMPT) + 2, V]`` logits after PROMPT + every 2-token prefix
     (row x1 * V + x2), of the target (``which="target"``) or the draft model."""
     config = TARGET if which == "target" else DRAFT
-    params = models.init_params(config, jax.random.key(seed), scale=1.0)
+    params = decoder.init_params(config, jax.random.key(seed), scale=1.0)
     prefixes = np.array([[a, b] for a in range(V) for b in range(V)], np.int32)
     tokens = np.concatenate([np.tile(PROMPT, (len(prefixes), 1)), prefixes], axis=1).astype(np.int32)
     return np.asarray(_full_logits(params, config, jnp.asarray(tokens)), np.float64)
@@ -297,7 +297,43 @@ def _drafter(kind: str, gamma: int, models):
     if kind == "early_exit":
         d = jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=gamma)
         return d, d.select_params(models["target"], None)
+    # Trees (N + 1 <= MAX_LEN - len(PROMPT) - N_NEW = 8 window entries).
+    if kind == "ngram_tree":  # up to 3 matches x gamma, merged into a trie
+        return jaxspec.NGramDrafter(gamma=gamma, max_n=2, min_n=1, branches=3), None
+    if kind == "model_tree":  # EAGLE-2 top-k tree of the draft model, deterministic (no q)
+        return jaxspec.ModelDrafter(DRAFT, gamma=gamma, tree_nodes=5, branching=2), models["draft"]
+    if kind == "early_exit_tree":
+        d = jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=gamma, tree_nodes=4, branching=2)
+        return d, d.select_params(models["target"], None)
+    if kind == "sampled_siblings":  # SpecInfer: siblings drawn i.i.d. from q, each carrying q
+        return SampledSiblings(DRAFT, gamma=1, tree_nodes=0), models["draft"]
     raise ValueError(kind)
+
+
+class SampledSiblings(jaxspec.ModelDrafter):
+    """A test drafter: ``SIBLINGS`` children of the root drawn i.i.d. from the draft model's
+    processed q (duplicates allowed), each with its q: the residual path of SpecInfer's
+    multi-candidate rule (``norm(max(0, r - q))`` after each rejected sibling)."""
+
+    @property
+    def n_nodes(self) -> int:
+        return SIBLINGS
+
+    def propose(self, params, state, context):
+        from jaxspec.drafters.model import DraftState
+        from jaxspec.sampling import fold_rows
+        from jaxspec.tree import Proposal
+
+        logits, cache = self._read_newest(params, state.cache, context)
+        q = processed_probs(logits, context.sampling, context.history)
+        tokens = jnp.stack([sample(fold_rows(context.keys, i), q) for i in range(SIBLINGS)], axis=1)
+        b = tokens.shape[0]
+        parents = jnp.full((b, SIBLINGS), -1, jnp.int32)
+        proposal = Proposal(tokens, parents, jnp.ones((b, SIBLINGS), bool), jnp.repeat(q[:, None], SIBLINGS, axis=1))
+        return DraftState(cache, jnp.full((b, SIBLINGS), -1, jnp.int32)), proposal
+
+
+SIBLINGS = 3
 
 
 def _sample_counts(models, inputs_factory, kind, gamma, settings, seed, n=N, fresh=False):
@@ -311,7 +347,7 @@ def _sample_counts(models, inputs_factory, kind, gamma, settings, seed, n=N, fre
     x = state.tokens[:, lp : lp + N_NEW].astype(np.int64)
     counts = np.bincount((x[:, 0] * V + x[:, 1]) * V + x[:, 2], minlength=V**N_NEW)
     accepted_some = float((state.n_accepted > 0).mean())
-    rejected_some = float((state.n_accepted < state.n_steps * gamma).mean())
+    rejected_some = float((state.n_accepted < state.n_steps * (drafter.gamma if drafter else 0)).mean())
     return counts, (accepted_some, rejected_some)
 
 
@@ -397,6 +433,14 @@ CASES = [
 ]
 
 
+# Trees: each tree drafter at T 0.7 and 1, top-k, top-p and penalties (gamma = depth 2, or 1
+# for sampled siblings).
+TREE_SETTINGS = ("T=0.7", "T=1", "top_k=3", "top_p=0.8", "penalties")
+TREE_CASES = [(kind, 1 if kind == "sampled_siblings" else 2, name)
+              for kind in ("ngram_tree", "model_tree", "early_exit_tree", "sampled_siblings") for name in TREE_SETTINGS]
+CASES += TREE_CASES
+
+
 @pytest.mark.parametrize("kind,gamma,name", CASES)
 def test_speculative_sampling_matches_target(models, inputs_factory, kind, gamma, name):
     """Speculative sampling with each drafter (draft model, n-gram lookup with q = None,
@@ -453,7 +497,7 @@ def _wrong_accept(rule: str):
     are the same event for u in [0, 1).)
     """
 
-    def wrong(keys, p, q, drafts):
+    def wrong_chain(keys, p, q, drafts):
         b, g1, v = p.shape
         gamma = g1 - 1
         valid = drafts >= 0  # -1: the drafter abstained (as in jaxspec.acceptance)
@@ -488,6 +532,12 @@ def _wrong_accept(rule: str):
         tokens = jnp.where(jnp.arange(g1)[None] < n_acc[:, None], drafts_pad, nxt[:, None])
         return n_acc, tokens.astype(jnp.int32)
 
+    def wrong(keys, p, q, tree):  # the chain as the tree engine hands it over
+        drafts = jnp.where(tree.valid[:, 1:], tree.tokens[:, 1:], -1)
+        n_acc, tokens = wrong_chain(keys, p, q, drafts)
+        path = jnp.minimum(jnp.arange(p.shape[1])[None], n_acc[:, None]).astype(jnp.int32)
+        return acceptance.Accepted(n_acc, path, tokens)
+
     return wrong
 
 
@@ -520,7 +570,7 @@ def test_wrong_rule_is_detected(models, inputs_factory, monkeypatch, clean_compi
     assert p_value < ALPHA, f"the harness did not detect a wrong rule: {info}"
 
 
-def _counts_without_drafts(history, drafts, width):
+def _counts_without_drafts(history, tree, width):
     """Wrong: every window position scored with the counts at the start of the step, as if
     penalties were fed only by the tokens committed before the window."""
     return jnp.broadcast_to(history.counts[:, None], (history.counts.shape[0], width, history.counts.shape[-1]))
@@ -536,3 +586,81 @@ def test_penalties_from_committed_tokens_only_are_detected(models, inputs_factor
     counts, _ = _sample_counts(models, inputs_factory, kind, 2, SETTINGS["penalties"], seed=SEED_STRIDE * 21, fresh=True)
     p_value, info = _check(counts, _exact_probs(SETTINGS["penalties"]), f"penalties without drafts ({kind})")
     assert p_value < ALPHA, f"the harness did not detect penalties that skip the drafts: {info}"
+
+
+# ---------------------------------------------------------------------------- wrong tree rules
+
+
+def _wrong_tree_accept(rule: str):
+    """``acceptance.accept`` with one deliberate mistake in the sibling loop:
+
+    - ``sibling_kept``: a rejected sibling is not removed from the residual (r stays as it
+      was), so the next sibling, or the final draw, can emit it again;
+    - ``resample_from_p``: the final draw comes from the current node's p, ignoring every
+      rejection's residual.
+    """
+
+    def wrong(keys, p, q, tree):
+        b, w, v = p.shape
+        n = w - 1
+        key_u, key_r = jaxspec.sampling.fold_rows(keys, 0), jaxspec.sampling.fold_rows(keys, 1)
+        u = jax.vmap(lambda k: jax.random.uniform(k, (n,)))(key_u)
+        rows = jnp.arange(b)
+
+        def visit(i, carry):
+            current, depth, residual, path, emitted = carry
+            node = i + 1
+            token = tree.tokens[:, node]
+            candidate = tree.valid[:, node] & (tree.parent[:, node] == current)
+            q_i = jax.nn.one_hot(token, v, dtype=p.dtype) if q is None else q[:, i]
+            accepted = candidate & (u[:, i] * q_i[rows, token] < residual[rows, token])
+            left = jnp.maximum(residual - q_i, 0.0)
+            mass = jnp.sum(left, axis=-1, keepdims=True)
+            left = jnp.where(mass > 0, left / jnp.where(mass > 0, mass, 1.0), residual)
+            if rule == "sibling_kept":
+                left = residual
+            rejected = candidate & ~accepted
+            residual = jnp.where(accepted[:, None], p[:, node], jnp.where(rejected[:, None], left, residual))
+            depth = depth + accepted
+            path = jnp.where(accepted[:, None] & (jnp.arange(w)[None] >= depth[:, None]), node, path)
+            emitted = emitted.at[rows, jnp.where(accepted, depth - 1, w)].set(token, mode="drop")
+            return jnp.where(accepted, node, current), depth, residual, path, emitted
+
+        zeros = jnp.zeros((b,), jnp.int32)
+        init = (zeros, zeros, p[:, 0], jnp.zeros((b, w), jnp.int32), jnp.zeros((b, w), jnp.int32))
+        current, n_acc, residual, path, emitted = jax.lax.fori_loop(0, n, visit, init)
+        if rule == "resample_from_p":
+            residual = jnp.take_along_axis(p, current[:, None, None], axis=1)[:, 0]
+        emitted = emitted.at[rows, n_acc].set(sample(key_r, residual))
+        return acceptance.Accepted(n_acc, path, emitted)
+
+    return wrong
+
+
+def _counts_over_whole_window(history, tree, width):
+    """Wrong: every window entry scored with the counts of ALL valid nodes of the tree (the
+    whole window), not only its own ancestors."""
+    if tree is None:
+        return jnp.broadcast_to(history.counts[:, None], (history.counts.shape[0], width, history.counts.shape[-1]))
+    nodes = jax.nn.one_hot(tree.tokens[:, 1:], history.counts.shape[-1], dtype=jnp.int32) * tree.valid[:, 1:, None]
+    return history.counts[:, None] + jnp.sum(nodes, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("rule,kind", [("sibling_kept", "model_tree"), ("resample_from_p", "sampled_siblings")])
+def test_wrong_tree_rule_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches, rule, kind):
+    """The harness rejects tree samplers with a wrong sibling rule (T = 1, as the passing cases)."""
+    monkeypatch.setattr(acceptance, "accept", _wrong_tree_accept(rule))
+    gamma = 1 if kind == "sampled_siblings" else 2
+    counts, _ = _sample_counts(models, inputs_factory, kind, gamma, SETTINGS["T=1"], seed=SEED_STRIDE * 22, fresh=True)
+    p_value, info = _check(counts, _exact_probs(SETTINGS["T=1"]), f"wrong tree rule {rule} ({kind})")
+    assert p_value < ALPHA, f"the harness did not detect a wrong tree rule: {info}"
+
+
+def test_tree_penalties_over_the_whole_window_are_detected(models, inputs_factory, monkeypatch, clean_compile_caches):
+    """Penalties counted over every node of the tree instead of each node's ancestors change
+    the distribution (siblings penalise each other), and the harness rejects it."""
+    monkeypatch.setattr(jaxspec.sampling, "window_counts", _counts_over_whole_window)
+    counts, _ = _sample_counts(models, inputs_factory, "model_tree", 2, SETTINGS["penalties"], seed=SEED_STRIDE * 23,
+                               fresh=True)
+    p_value, info = _check(counts, _exact_probs(SETTINGS["penalties"]), "tree penalties over the whole window")
+    assert p_value < ALPHA, f"the harness did not detect window-wide tree penalties: {info}"
