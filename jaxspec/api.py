@@ -302,6 +302,9 @@ def generate(
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
     if drafter is not None:
         drafter.validate(config, drafter_params)
+        if engine.window(drafter) + 1 > limit:
+            raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
+                             f"({limit}): lower tree_nodes (or gamma)")
     plan = None
     if mesh is not None:
         from jaxspec import sharding

@@ -28,7 +28,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="parameter dtype (default: float32 on CPU, bfloat16 on accelerators)")
     g.add_argument("--drafter", choices=DRAFTERS, default="ngram", help="drafting method (default: ngram)")
     g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
-    g.add_argument("--gamma", type=int, default=4, help="draft tokens per verify step (default: 4)")
+    g.add_argument("--gamma", type=int, default=4,
+                   help="draft tokens per verify step: a chain's length, a tree's depth (default: 4)")
+    g.add_argument("--tree-nodes", type=int, default=0, metavar="N",
+                   help="draft a tree of N nodes instead of a chain (0 = chain, default); ngram: N = branches x "
+                        "gamma (N must be a multiple of gamma), model/early-exit: EAGLE-2 top-k tree of depth gamma")
+    g.add_argument("--branching", type=int, default=4, metavar="K",
+                   help="model/early-exit trees: children per expanded node (default: 4)")
     g.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
@@ -101,15 +107,23 @@ def _make_drafter(args, model, load):
         return None, None
     if args.gamma < 1:
         raise SystemExit(f"error: --gamma must be >= 1 with a drafter, got {args.gamma}")
+    if args.tree_nodes < 0:
+        raise SystemExit(f"error: --tree-nodes must be >= 0 (0 = chain), got {args.tree_nodes}")
     if args.drafter == "ngram":
-        return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min), None
+        if args.tree_nodes % args.gamma:
+            raise SystemExit(f"error: --tree-nodes for ngram must be a multiple of --gamma ({args.gamma}): each "
+                             f"branch drafts gamma tokens; got {args.tree_nodes}")
+        branches = max(1, args.tree_nodes // args.gamma)
+        return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min,
+                                    branches=branches), None
+    tree = dict(tree_nodes=args.tree_nodes, branching=args.branching)
     if args.drafter == "early-exit":
         k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers
-        return jaxspec.EarlyExitDrafter(model.config, n_layers=k, gamma=args.gamma), None
+        return jaxspec.EarlyExitDrafter(model.config, n_layers=k, gamma=args.gamma, **tree), None
     if not args.draft_model:
         raise SystemExit("error: --drafter model needs --draft-model NAME_OR_PATH")
     draft = load(args.draft_model)
-    return jaxspec.ModelDrafter(draft.config, gamma=args.gamma), draft  # a Model: generate checks the pairing
+    return jaxspec.ModelDrafter(draft.config, gamma=args.gamma, **tree), draft  # a Model: generate checks the pairing
 
 
 def _mesh(args):

@@ -123,14 +123,3 @@ class Tree:
         ancestors, not the whole window)."""
         on_path = (self.ancestors & self.valid[:, None, :]).at[:, :, 0].set(False).astype(jnp.int32)
         return jnp.einsum("bwu,buv->bwv", on_path, jax.nn.one_hot(self.tokens, vocab_size, dtype=jnp.int32))
-
-
-def check_parents(parents, n_nodes: int, name: str = "parents") -> None:
-    """Raise ``ValueError`` unless the host-side ``parents`` (length ``n_nodes``) has every
-    entry in ``[-1, i)`` (a parent is an earlier node or the root)."""
-    parents = list(parents)
-    if len(parents) != n_nodes:
-        raise ValueError(f"{name} must have one entry per node ({n_nodes}), got {len(parents)}")
-    for i, p in enumerate(parents):
-        if not isinstance(p, int) or isinstance(p, bool) or not -1 <= p < i:
-            raise ValueError(f"{name}[{i}] = {p!r}: a parent must be -1 (the root) or an earlier node in [0, {i})")

