@@ -17,6 +17,8 @@ Methods, all on the *same* prompt token ids (jaxspec's tokenizer; transformers g
   jax_plain          jaxspec.generate(drafter=None)
   jax_ngram_g{4,6,8,10} jaxspec.NGramDrafter(gamma, max_n=3, min_n=2)
   jax_early_exit     jaxspec.EarlyExitDrafter(cfg, n_layers=8, gamma=3)
+  jax_ngram_tree_b{2,4}g4, _b2g10  NGramDrafter(gamma, branches): tries of the 2 or 4 best matches
+  jax_early_exit_tree EarlyExitDrafter(cfg, 8, gamma=3, tree_nodes=8, branching=2) (EAGLE-2 tree)
   hf_plain           model.generate(do_sample=False)
   hf_prompt_lookup   model.generate(do_sample=False, prompt_lookup_num_tokens=10)
 
@@ -78,6 +80,7 @@ CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction"
               "translation", "summarization", "qa", "math_reasoning", "rag")
 QUICK_CATEGORIES = ("writing", "coding", "math_reasoning")
 ALL_METHODS = ("jax_plain", "jax_ngram_g4", "jax_ngram_g6", "jax_ngram_g8", "jax_ngram_g10", "jax_early_exit",
+               "jax_ngram_tree_b2g4", "jax_ngram_tree_b4g4", "jax_ngram_tree_b2g10", "jax_early_exit_tree",
                "hf_plain", "hf_prompt_lookup")
 BASE = "jax_plain"
 
@@ -265,6 +268,13 @@ def main(argv=None) -> int:
         "jax_ngram_g10": jaxspec.NGramDrafter(gamma=10, max_n=args.ngram_max, min_n=args.ngram_min),
         "jax_early_exit": jaxspec.EarlyExitDrafter(model.config, n_layers=args.early_exit_layers,
                                                    gamma=args.early_exit_gamma),
+        # trees (issue 9): n-gram tries of 2 and 4 matches, an EAGLE-2 early-exit tree
+        "jax_ngram_tree_b2g4": jaxspec.NGramDrafter(gamma=4, max_n=args.ngram_max, min_n=args.ngram_min, branches=2),
+        "jax_ngram_tree_b4g4": jaxspec.NGramDrafter(gamma=4, max_n=args.ngram_max, min_n=args.ngram_min, branches=4),
+        "jax_ngram_tree_b2g10": jaxspec.NGramDrafter(gamma=10, max_n=args.ngram_max, min_n=args.ngram_min,
+                                                     branches=2),
+        "jax_early_exit_tree": jaxspec.EarlyExitDrafter(model.config, n_layers=args.early_exit_layers,
+                                                        gamma=args.early_exit_gamma, tree_nodes=8, branching=2),
     }
     n_new = args.max_new_tokens
     eos = list(model.config.eos_ids)

@@ -1,6 +1,6 @@
 """Static-shape KV cache.
 
-One ``KVCache`` holds, per layer, keys and values of shape ``[B, S, KV, hd]`` (batch, cache
+One ``KVCache`` holds, per layer, keys and values of shape ``[B, S, K, h]`` (batch, cache
 slots, KV heads, head dim). Slot ``s`` holds the token at absolute position ``s``. Shapes never
 change during generation: each sequence tracks its own length outside the cache (the engine's
 ``seq_lens``), writes go to that sequence's own offset, and entries past a sequence's length
@@ -26,8 +26,8 @@ class KVCache:
     """Keys and values per layer.
 
     Attributes:
-      k: tuple of ``n_layers`` arrays ``[B, S, KV, hd]``.
-      v: tuple of ``n_layers`` arrays ``[B, S, KV, hd]``.
+      k: tuple of ``n_layers`` arrays ``[B, S, K, h]``.
+      v: tuple of ``n_layers`` arrays ``[B, S, K, h]``.
     """
 
     k: tuple[jax.Array, ...]

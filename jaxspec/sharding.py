@@ -10,7 +10,7 @@ under ``jax.shard_map`` over a ``("data", "model")`` mesh.
   collectives when its config names the axis (``ModelConfig.tp_axis``; ``jaxspec.models.decoder``).
 - ``data`` axis: batch rows. Every loop input with a batch axis is split over ``data``; KV
   caches are created inside the program, so they are ``[data, -, model, -]`` over
-  ``[B, S, KV, hd]``. Each data shard runs its own ``while_loop`` until its own rows are done;
+  ``[B, S, K, h]``. Each data shard runs its own ``while_loop`` until its own rows are done;
   collectives only ever span ``model``.
 
 Choices, written down:

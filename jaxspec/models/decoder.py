@@ -7,11 +7,11 @@ Params layout (Hugging Face conventions: ``y = x @ W`` with ``W[in, out]``; Q/K 
 "rotate_half" RoPE layout)::
 
     {"embed": [V, D],
-     "layers": [{"attn_norm": [D], "wq": [D, H*hd], "wk": [D, KV*hd], "wv": [D, KV*hd],
-                 "wo": [H*hd, D], "mlp_norm": [D], "w_gate": [D, F], "w_up": [D, F],
+     "layers": [{"attn_norm": [D], "wq": [D, H*h], "wk": [D, K*h], "wv": [D, K*h],
+                 "wo": [H*h, D], "mlp_norm": [D], "w_gate": [D, F], "w_up": [D, F],
                  "w_down": [F, D],
-                 # attn_bias:      "bq": [H*hd], "bk": [KV*hd], "bv": [KV*hd]
-                 # qk_norm:        "q_norm": [hd], "k_norm": [hd]
+                 # attn_bias:      "bq": [H*h], "bk": [K*h], "bv": [K*h]
+                 # qk_norm:        "q_norm": [h], "k_norm": [h]
                  # sandwich_norms: "post_attn_norm": [D], "post_mlp_norm": [D]
                  }, ...],          # one dict per layer, unrolled
      "final_norm": [D],

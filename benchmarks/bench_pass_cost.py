@@ -1,0 +1,94 @@
+"""Cost of one target verify pass for T = 1, 2, 5, 9, 17, 33, 65 new tokens (a chain or tree
+window of T - 1 nodes), on the real models we ship: what chooses node budgets on a machine.
+
+Each pass is the jitted ``jaxspec.models.forward`` exactly as the engine's verify step calls
+it (tokens written at the committed length, a tree mask of the window, 512-slot cache, 200
+committed tokens), timed as the median of ``--reps`` calls after two warm-ups, with the
+passes for the different T interleaved round-robin so machine load hits them alike.
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/bench_pass_cost.py [--models smollm2-135m,gemma3-270m] [--reps 15]
+
+Writes ``benchmarks/results/pass_cost_<host kind>_<date>.json`` (machine, versions, command) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_cpu import machine_info, versions  # noqa: E402
+
+WIDTHS = (1, 2, 5, 9, 17, 33, 65)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="smollm2-135m,gemma3-270m")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--slots", type=int, default=512)
+    ap.add_argument("--committed", type=int, default=200)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jaxspec
+    from jaxspec import models
+    from jaxspec.cache import KVCache
+
+    results = {}
+    for name in args.models.split(","):
+        model = jaxspec.load(name)
+        cfg, params = model.config, model.params
+
+        @jax.jit
+        def verify(params, tokens, positions, cache, start, visible):
+            mask = models.TreeMask(start, visible, positions)
+            return models.forward(params, cfg, tokens, positions, cache, write_at=start, mask=mask).logits
+
+        calls = {}
+        for t in WIDTHS:
+            tokens = jnp.asarray(np.random.default_rng(t).integers(0, cfg.vocab_size, (1, t)), jnp.int32)
+            start = jnp.full((1,), args.committed, jnp.int32)
+            positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+            visible = jnp.tril(jnp.ones((t, t), bool))[None]
+            cache = KVCache.zeros(cfg, 1, args.slots, params["embed"].dtype)
+            calls[t] = (tokens, positions, cache, start, visible)
+            for _ in range(2):
+                verify(params, *calls[t]).block_until_ready()
+        times = {t: [] for t in WIDTHS}
+        for _ in range(args.reps):
+            for t in WIDTHS:
+                t0 = time.perf_counter()
+                verify(params, *calls[t]).block_until_ready()
+                times[t].append(time.perf_counter() - t0)
+        med = {t: statistics.median(times[t]) * 1e3 for t in WIDTHS}
+        results[name] = {"ms": med, "ratio_to_T1": {t: med[t] / med[1] for t in WIDTHS},
+                         "all_ms": {t: [x * 1e3 for x in times[t]] for t in WIDTHS}}
+        print(f"{name}: " + ", ".join(f"T={t} {med[t]:.1f} ms ({med[t] / med[1]:.2f}x)" for t in WIDTHS), flush=True)
+        del model, params
+
+    started = _dt.datetime.now(_dt.timezone.utc)
+    stem = args.out or os.path.join(HERE, "results", f"pass_cost_{jax.default_backend()}_{started:%Y-%m-%d}")
+    record = {"command": "PYTHONPATH=. python benchmarks/bench_pass_cost.py " + " ".join(argv or sys.argv[1:]),
+              "machine": machine_info(), "versions": versions(), "backend": jax.default_backend(),
+              "settings": vars(args), "load_avg": os.getloadavg(), "results": results}
+    with open(stem + ".json", "w") as f:
+        json.dump(record, f, indent=1)
+    print("wrote", stem + ".json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
