@@ -233,3 +233,24 @@ def test_drafters_receive_the_targets_hidden_states(tiny):
     # it at these magnitudes (|h| < 10), far below the differences between positions (~1).
     np.testing.assert_allclose(record[:p], np.asarray(full.captured[0][0, :p]), atol=2e-5)
     np.testing.assert_allclose(record[p : n - 1], np.asarray(full.hidden[0, p : n - 1]), atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["ngram_tree", "model_tree", "shaped"])
+def test_tree_logprobs_min_new_tokens_and_stop_ids_equal_plain(tiny, kind):
+    """Along the accepted path: logprobs of the emitted tokens (and their top alternatives)
+    equal plain decoding's, ``min_new_tokens`` suppresses a stop id the same way, and a stop
+    id ends the row at the same token. Tolerance 1e-5: a T-token and a 1-token float32 pass
+    differ by a few ulps in the logits (README, "Noticed"); these logprobs are O(1)."""
+    drafter, dparams = tree_drafter(tiny, kind, 3)
+    plain_free = gen(tiny, tiny.prompts)
+    stop_id = plain_free.tokens[0][3]  # the 4th token of row 0: min_new_tokens 6 suppresses it there
+    kw = dict(logprobs=2, stop_token_ids=[stop_id], min_new_tokens=6)
+    plain = gen(tiny, tiny.prompts, **kw)
+    spec = gen(tiny, tiny.prompts, drafter, dparams, **kw)
+    assert spec.tokens == plain.tokens and spec.finish_reasons == plain.finish_reasons
+    assert len(plain.tokens[0]) >= 6 and plain.tokens[0][:3] == plain_free.tokens[0][:3]
+    assert plain.tokens[0][3] != stop_id  # suppressed before min_new_tokens
+    for a, b in zip(spec.logprobs, plain.logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(spec.top_logprobs, plain.top_logprobs):
+        assert [[i for i, _ in alts] for alts in a] == [[i for i, _ in alts] for alts in b]
