@@ -33,8 +33,8 @@ Choices, written down:
 - The drafter is replicated (computed whole on every ``model`` shard of its data shard, no
   collectives) unless ``shard_drafter=True``; the early-exit drafter always runs on the
   target's own shards, since its weights are the target's.
-- Batches that ``data`` does not divide are padded with one-token rows (dropped from the
-  results), as prompts are padded to buckets; head counts, MLP width and vocabulary must be
+- Batches are padded to a multiple of ``data`` on top of their batch bucket
+  (``api.batch_bucket``), with the same one-token rows dropped from the results; head counts, MLP width and vocabulary must be
   divisible (an error naming the axis and the sizes, before any compile).
 """
 
@@ -296,8 +296,9 @@ class Plan:
         return params, drafter_params, inputs
 
     def wrap(self, fn):
-        """``fn(target, drafter_params, inputs) -> [B, X]`` (written for one shard) as the
-        whole-mesh function under ``jax.shard_map``, its output replicated on every device."""
+        """``fn(target, drafter_params, inputs) -> pytree of [B, ...] arrays`` (written for one
+        shard) as the whole-mesh function under ``jax.shard_map``, its output rows gathered over
+        ``data`` and replicated on every device."""
         def sharded(target, drafter_params, inputs):
             in_specs = (param_specs(target), param_specs(drafter_params, self.drafter_sharded), input_specs(inputs))
             # check_vma=False: the loop predicate and sampled tokens are identical across
