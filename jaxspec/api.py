@@ -1,9 +1,12 @@
 """Public entry points: ``load`` a model, ``generate`` from it (plain or speculative).
 
-``generate`` checks every argument on the host, pads prompts into a few static shapes, runs
-the one compiled program of ``jaxspec.engine`` and brings its results back in one transfer.
-Compiled programs are cached per (model config, drafter, batch, padded prompt length, cache
-length), so new prompts, temperatures, seeds and ``max_new_tokens`` within a bucket reuse them.
+``generate`` is four steps: normalise the request on the host (``_request``: prompts, per-row
+settings, seeds, stop ids, every check), bucket its shapes (``_buckets``: batch, prompt length,
+cache length), run the one compiled program of ``jaxspec.engine`` (``_run``: its ``Output``
+pytree comes back in one transfer) and build the ``GenerationResult`` (``_result``).
+Compiled programs are cached per (model config, drafter, batch bucket, padded prompt length,
+cache length), so new prompts, batch sizes within a bucket, temperatures, seeds and
+``max_new_tokens`` within a bucket reuse them.
 """
 
 from __future__ import annotations
@@ -157,6 +160,171 @@ def _prompt_ids(prompt, tokenizer, chat: bool) -> list[list[int]]:
     return rows
 
 
+def batch_bucket(rows: int, multiple: int = 1) -> int:
+    """Rows a batch of ``rows`` runs as: the next power of two (1, 2, 4, 8, 16, ...), rounded
+    up to a multiple of ``multiple`` (a mesh's ``data`` axis). Padded rows are one-token
+    copies of row 0, dropped from the results (``Request.padded``)."""
+    return _round_up(1 << (rows - 1).bit_length(), multiple)
+
+
+def draft_window(drafter) -> int:
+    """gamma, the deepest draft (0 for plain decoding): the one place ``api`` reads it, for
+    the metrics' per-depth columns (the cache bucket uses ``engine.window``, which counts a
+    tree's nodes)."""
+    return 0 if drafter is None else drafter.gamma
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One ``generate`` call normalised on the host: one row per sample, prompt-major
+    (prompt i, sample j at row ``i * n + j``).
+
+    Attributes:
+      rows: token ids of each row's prompt.
+      prompt_lens, max_new_tokens: int32 ``[B]``.
+      seeds: int64 ``[B]``: row b's PRNG key is ``jax.random.key(seeds[b] % 2**32)``.
+      settings: per-row ``SamplingParams`` values (temperature, top_k, ...), ``[B]`` each.
+      stop_ids: the stop token ids every row shares (EOS unless ignored, then
+        ``stop_token_ids``), without padding.
+      sampling: the ``SamplingConfig`` the request came from.
+    """
+
+    rows: list[list[int]]
+    prompt_lens: np.ndarray
+    max_new_tokens: np.ndarray
+    seeds: np.ndarray
+    settings: dict[str, np.ndarray]
+    stop_ids: tuple[int, ...]
+    sampling: SamplingConfig
+
+    def padded(self, batch: int) -> "Request":
+        """This request with ``batch - B`` one-token copies of row 0 appended: the one padding
+        of rows (batch buckets, a mesh's ``data`` axis); ``generate`` drops them again."""
+        extra = batch - len(self.rows)
+        if extra == 0:
+            return self
+        grow = lambda x: np.concatenate([x, np.repeat(x[:1], extra)])  # noqa: E731
+        return dataclasses.replace(
+            self, rows=self.rows + [self.rows[0]] * extra, prompt_lens=grow(self.prompt_lens),
+            max_new_tokens=np.concatenate([self.max_new_tokens, np.ones(extra, np.int32)]), seeds=grow(self.seeds),
+            settings={k: grow(v) for k, v in self.settings.items()})
+
+
+_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+             "presence_penalty", "min_new_tokens")
+
+
+def _request(prompt, sc: SamplingConfig, config: ModelConfig, tokenizer, chat: bool, max_len: int | None) -> Request:
+    """Prompts, per-row settings, seeds and stop ids of one call, checked.
+
+    Raises:
+      ValueError: empty prompt, token id outside the vocabulary (prompt or stop id), a
+        per-prompt setting of the wrong length, prompt + ``max_new_tokens`` over ``max_len``,
+        stop strings without a tokenizer.
+    """
+    prompts = _prompt_ids(prompt, tokenizer, chat)
+    for i, r in enumerate(prompts):
+        bad = [t for t in r if not 0 <= t < config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
+    n_prompts = len(prompts)
+    per_row = lambda name: np.repeat(sc.per_prompt(name, n_prompts), sc.n)  # noqa: E731
+    rows = [r for r in prompts for _ in range(sc.n)]
+    lens = np.array([len(r) for r in rows], np.int32)
+    max_new = per_row("max_new_tokens").astype(np.int32)
+    limit = config.max_position if max_len is None else max_len
+    longest = int((lens + max_new).max())
+    if longest > limit:
+        i = int(np.argmax(lens + max_new))
+        raise ValueError(
+            f"prompt ({int(lens[i])} tokens) + max_new_tokens ({int(max_new[i])}) = {longest} exceeds max_len "
+            f"({limit}{', the context of ' + config.name if max_len is None else ''})"
+        )
+    if np.ndim(sc.seed) == 0:
+        seeds = np.int64(sc.seed) + np.arange(len(rows))
+    else:
+        seeds = per_row("seed").astype(np.int64) + np.tile(np.arange(sc.n), n_prompts)
+    bad = [t for t in sc.stop_token_ids if not 0 <= t < config.vocab_size]
+    if bad:
+        raise ValueError(f"stop_token_ids has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
+    if sc.stop and tokenizer is None:
+        raise ValueError("stop strings need a tokenizer (the model has none): pass tokenizer= or use stop_token_ids")
+    stop_ids = tuple(dict.fromkeys(([] if sc.ignore_eos else list(config.eos_ids)) + list(sc.stop_token_ids)))
+    return Request(rows=rows, prompt_lens=lens, max_new_tokens=max_new, seeds=seeds,
+                   settings={name: per_row(name) for name in _SETTINGS}, stop_ids=stop_ids, sampling=sc)
+
+
+@dataclasses.dataclass(frozen=True)
+class Buckets:
+    """The static shapes one call compiles for: ``batch`` rows, prompts padded to
+    ``prompt_len`` tokens, ``cache_len`` cache slots (also the token buffer's length)."""
+
+    batch: int
+    prompt_len: int
+    cache_len: int
+
+
+def _buckets(req: Request, window: int, data: int = 1) -> Buckets:
+    """Prompt length to a multiple of ``PROMPT_BUCKET``, cache slots (prompt bucket +
+    ``max_new_tokens`` + the verify window ``engine.window(drafter)``) to a multiple of ``CACHE_BUCKET``, rows to ``batch_bucket``
+    (a multiple of the mesh's ``data`` axis)."""
+    p = _round_up(int(req.prompt_lens.max()), PROMPT_BUCKET)
+    cache_len = _round_up(p + int(req.max_new_tokens.max()) + window, CACHE_BUCKET)
+    return Buckets(batch=batch_bucket(len(req.rows), data), prompt_len=p, cache_len=cache_len)
+
+
+def _inputs(req: Request, shapes: Buckets, config: ModelConfig, tokenizer) -> engine.Inputs:
+    """``engine.Inputs`` of a request already padded to ``shapes.batch`` rows."""
+    from jaxspec import stopping
+
+    b, sc = len(req.rows), req.sampling
+    prompt = np.zeros((b, shapes.prompt_len), np.int32)
+    for i, r in enumerate(req.rows):
+        prompt[i, : len(r)] = r
+    stop_ids = list(req.stop_ids)
+    stop_ids += [-1] * (_round_up(max(len(stop_ids), 1), STOP_BUCKET) - len(stop_ids))  # -1 never matches
+    return engine.Inputs(
+        prompt=jnp.asarray(prompt),
+        prompt_lens=jnp.asarray(req.prompt_lens),
+        max_new_tokens=jnp.asarray(req.max_new_tokens),
+        sampling=SamplingParams.make(b, stop_ids=stop_ids, **req.settings),
+        keys=jax.vmap(jax.random.key)(jnp.asarray(req.seeds % (2**32), dtype=jnp.uint32)),
+        stops=stopping.make_tables(list(sc.stop), _token_table(tokenizer if sc.stop else None, config.vocab_size)),
+    )
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Output:
+    """What the compiled program returns: the final ``engine.LoopState``'s fields of these
+    names (device arrays), or, after the one ``jax.device_get``, numpy arrays. B rows, S cache
+    slots (the package legend), gamma the deepest draft.
+
+    Attributes:
+      tokens: int32 ``[B, S]``: prompt, then generated tokens, up to ``seq_lens``.
+      seq_lens, n_steps, n_drafted, n_accepted: int32 ``[B]``.
+      accepted_at: int32 ``[B, gamma]``.
+      logprobs: ``engine.Logprobs`` (``[B, S]``, ``[B, S, N]``, ``[B, S, N]``) or None.
+    """
+
+    tokens: Any
+    seq_lens: Any
+    n_steps: Any
+    n_drafted: Any
+    n_accepted: Any
+    accepted_at: Any
+    logprobs: Any
+
+    @classmethod
+    def of(cls, state: engine.LoopState) -> "Output":
+        """The fields of ``state`` that ``generate`` reports, read by name."""
+        return cls(**{f.name: getattr(state, f.name) for f in dataclasses.fields(cls)})
+
+    def rows(self, n: int) -> "Output":
+        """The first ``n`` rows (padded rows dropped)."""
+        return jax.tree_util.tree_map(lambda x: x[:n], self)
+
+
 def _signature(tree) -> tuple:
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     return treedef, tuple((x.shape, str(x.dtype)) for x in leaves)
@@ -164,22 +332,15 @@ def _signature(tree) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None, plan=None):
-    """The jitted program; with a ``sharding.Plan`` it runs under ``jax.shard_map`` on the
-    plan's mesh, each shard with its per-shard config and drafter."""
-    def packed(target, drafter_params, inputs, config=config, drafter=drafter):
-        s = engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter, max_len=max_len,
-                               logprobs=logprobs)
-        counts = jnp.stack([s.seq_lens, s.n_steps, s.n_drafted, s.n_accepted], axis=1)
-        parts = [s.tokens, counts, s.accepted_at]
-        if logprobs is not None:
-            b = s.tokens.shape[0]
-            as_int = lambda x: jax.lax.bitcast_convert_type(x, jnp.int32).reshape(b, -1)  # noqa: E731
-            parts += [as_int(s.logprobs.chosen), s.logprobs.top_ids.reshape(b, -1), as_int(s.logprobs.top)]
-        return jnp.concatenate(parts, axis=1)  # one array: one transfer
+    """The jitted program, returning an ``Output``; with a ``sharding.Plan`` it runs under
+    ``jax.shard_map`` on the plan's mesh, each shard with its per-shard config and drafter."""
+    def program(target, drafter_params, inputs, config=config, drafter=drafter):
+        return Output.of(engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter,
+                                            max_len=max_len, logprobs=logprobs))
 
     if plan is None:
-        return jax.jit(packed)
-    return jax.jit(plan.wrap(functools.partial(packed, config=plan.config, drafter=plan.drafter)))
+        return jax.jit(program)
+    return jax.jit(plan.wrap(functools.partial(program, config=plan.config, drafter=plan.drafter)))
 
 
 @functools.lru_cache(maxsize=8)
@@ -197,6 +358,21 @@ def _token_table(tokenizer, vocab_size: int):
 
 _COMPILED: dict = {}
 _PAIRED: dict = {}  # (id(target), id(draft)) -> weak refs of the Model pair check_pair accepted
+
+
+def _run(fn, key, params, drafter_params, inputs) -> tuple[Output, float, float]:
+    """Compile (once per ``key``) and run; the ``Output`` comes to the host in ONE
+    ``jax.device_get`` of the pytree. Returns ``(numpy Output, compile_s, run_s)``."""
+    compile_s = 0.0
+    if key not in _COMPILED:
+        t0 = time.perf_counter()
+        _COMPILED[key] = fn.lower(params, drafter_params, inputs).compile()
+        compile_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = _COMPILED[key](params, drafter_params, inputs)
+    # under a mesh the output is replicated: every process reads its own first copy
+    out = jax.device_get(jax.tree_util.tree_map(lambda x: x.addressable_data(0), out))
+    return out, compile_s, time.perf_counter() - t0
 
 
 def generate(
@@ -226,7 +402,8 @@ def generate(
     Args:
       model: a ``Model`` (from ``load``) or a params pytree (then pass ``config``).
       prompt: a string, a list of strings, token ids ``[T]``, or a batch ``[[ids], ...]`` of
-        different lengths.
+        different lengths. The rows (prompts x ``n``) run as a batch of ``batch_bucket`` rows
+        (the next power of two), padded with one-token rows that are dropped.
       sampling: a ``SamplingConfig``; default greedy, 128 new tokens, stop at EOS.
       config, tokenizer: needed only when ``model`` is a bare params pytree.
       drafter: ``None`` for plain decoding, or a drafter from ``jaxspec.drafters``.
@@ -255,8 +432,6 @@ def generate(
         vocabulary. All before anything is compiled.
       TypeError: an unknown setting.
     """
-    from jaxspec import stopping
-
     unknown = set(settings) - {f.name for f in dataclasses.fields(SamplingConfig)}
     if unknown:
         known = ", ".join(f.name for f in dataclasses.fields(SamplingConfig))
@@ -275,33 +450,12 @@ def generate(
             check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
             _PAIRED[pair] = (weakref.ref(model), weakref.ref(drafter_params))
         drafter_params = drafter_params.params
-    prompts = _prompt_ids(prompt, tokenizer, chat)
-    for i, r in enumerate(prompts):
-        bad = [t for t in r if not 0 <= t < config.vocab_size]
-        if bad:
-            raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
-    n_prompts = len(prompts)
-    per_row = lambda name: np.repeat(sc.per_prompt(name, n_prompts), sc.n)  # noqa: E731
-    rows = [r for r in prompts for _ in range(sc.n)]
-    b = len(rows)
-    lens = np.array([len(r) for r in rows], np.int32)
-    max_new = per_row("max_new_tokens").astype(np.int32)
-    limit = config.max_position if max_len is None else max_len
-    longest = int((lens + max_new).max())
-    if longest > limit:
-        i = int(np.argmax(lens + max_new))
-        raise ValueError(
-            f"prompt ({int(lens[i])} tokens) + max_new_tokens ({int(max_new[i])}) = {longest} exceeds max_len "
-            f"({limit}{', the context of ' + config.name if max_len is None else ''})"
-        )
-    if np.ndim(sc.seed) == 0:
-        seeds = np.int64(sc.seed) + np.arange(b)
-    else:
-        seeds = per_row("seed").astype(np.int64) + np.tile(np.arange(sc.n), n_prompts)
+    req = _request(prompt, sc, config, tokenizer, chat, max_len)
     if isinstance(drafter, type):
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
     if drafter is not None:
         drafter.validate(config, drafter_params)
+        limit = config.max_position if max_len is None else max_len
         if engine.window(drafter) + 1 > limit:
             raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
                              f"({limit}): lower tree_nodes (or gamma)")
@@ -312,81 +466,41 @@ def generate(
         plan = sharding.plan(mesh, config, drafter, shard_drafter)
     elif drafter is not None:
         drafter_params = drafter.select_params(params, drafter_params)
-    gamma = 0 if drafter is None else drafter.gamma  # depth: accepted_at has one column per draft depth
-    stops = list(dict.fromkeys(([] if sc.ignore_eos else list(config.eos_ids)) + list(sc.stop_token_ids)))
-    bad = [t for t in sc.stop_token_ids if not 0 <= t < config.vocab_size]
-    if bad:
-        raise ValueError(f"stop_token_ids has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
-    if sc.stop and tokenizer is None:
-        raise ValueError("stop strings need a tokenizer (the model has none): pass tokenizer= or use stop_token_ids")
-    stops += [-1] * (_round_up(max(len(stops), 1), STOP_BUCKET) - len(stops))  # -1 never matches
+    gamma = draft_window(drafter)
 
-    p = _round_up(int(lens.max()), PROMPT_BUCKET)
-    cache_len = _round_up(p + int(max_new.max()) + engine.window(drafter), CACHE_BUCKET)
-    numeric = {name: per_row(name) for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                                 "frequency_penalty", "presence_penalty", "min_new_tokens")}
-    real_rows = rows
-    if plan is not None and b % plan.data:
-        # The data axis splits rows evenly: add one-token copies of row 0, dropped from the results.
-        extra = _round_up(b, plan.data) - b
-        grow = lambda x: np.concatenate([x, np.repeat(x[:1], extra)])  # noqa: E731
-        rows, lens, seeds = rows + [rows[0]] * extra, grow(lens), grow(seeds)
-        numeric = {k: grow(v) for k, v in numeric.items()}
-        max_new = np.concatenate([max_new, np.ones(extra, max_new.dtype)])
-        b = len(rows)
-    prompt_arr = np.zeros((b, p), np.int32)
-    for i, r in enumerate(rows):
-        prompt_arr[i, : len(r)] = r
-    inputs = engine.Inputs(
-        prompt=jnp.asarray(prompt_arr),
-        prompt_lens=jnp.asarray(lens),
-        max_new_tokens=jnp.asarray(max_new),
-        sampling=SamplingParams.make(b, stop_ids=stops, **numeric),
-        keys=jax.vmap(jax.random.key)(jnp.asarray(seeds % (2**32), dtype=jnp.uint32)),
-        stops=stopping.make_tables(list(sc.stop), _token_table(tokenizer if sc.stop else None, config.vocab_size)),
-    )
+    shapes = _buckets(req, engine.window(drafter), 1 if plan is None else plan.data)
+    inputs = _inputs(req.padded(shapes.batch), shapes, config, tokenizer)
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     if plan is not None:
         params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
-    fn = _jitted(config, drafter, cache_len, lp_spec, plan)
-    key = (config, drafter, cache_len, lp_spec, _signature((params, drafter_params, inputs)))
+    fn = _jitted(config, drafter, shapes.cache_len, lp_spec, plan)
+    key = (config, drafter, shapes.cache_len, lp_spec, _signature((params, drafter_params, inputs)))
     key += (plan,) if plan else ()  # mesh=None: the single-device key, unchanged
-    compile_s = 0.0
-    if key not in _COMPILED:
-        t0 = time.perf_counter()
-        _COMPILED[key] = fn.lower(params, drafter_params, inputs).compile()
-        compile_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    out = _COMPILED[key](params, drafter_params, inputs)
-    out = np.asarray(jax.device_get(out.addressable_data(0)))  # one transfer; under a mesh out is replicated
-    run_s = time.perf_counter() - t0
-    if len(rows) > len(real_rows):
-        out, rows, lens = out[: len(real_rows)], real_rows, lens[: len(real_rows)]
-    return _unpack(out, sc, rows, lens, cache_len, gamma, tokenizer, stops, compile_s, run_s)
+    out, compile_s, run_s = _run(fn, key, params, drafter_params, inputs)
+    return _result(out.rows(len(req.rows)), req, gamma, tokenizer, compile_s, run_s)
 
 
-def _unpack(out, sc: SamplingConfig, rows, lens, cache_len, gamma, tokenizer, stops, compile_s, run_s):
-    """``GenerationResult`` from the program's one packed output array (see ``_jitted``)."""
+def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, run_s: float) -> GenerationResult:
+    """``GenerationResult`` of the request's rows from the program's ``Output`` (numpy)."""
     from jaxspec import stopping
 
-    b, s = len(rows), cache_len
-    seq_lens, n_steps, n_drafted, n_acc = (out[:, s + i] for i in range(4))
-    tokens = [out[i, lens[i] : seq_lens[i]].tolist() for i in range(b)]
+    sc, lens, seq_lens = req.sampling, req.prompt_lens, out.seq_lens
+    tokens = [out.tokens[i, lens[i] : seq_lens[i]].tolist() for i in range(len(req.rows))]
     metrics = Metrics(
         prompt_tokens=lens,
         new_tokens=seq_lens - lens,
-        target_forwards=n_steps + 1,
-        drafted=n_drafted,
-        accepted=n_acc,
-        accepted_at=out[:, s + 4 : s + 4 + gamma],
+        target_forwards=out.n_steps + 1,
+        drafted=out.n_drafted,
+        accepted=out.n_accepted,
+        accepted_at=out.accepted_at,
         gamma=gamma,
         compile_s=compile_s,
         run_s=run_s,
     )
     texts, reasons, stop_reasons = None if tokenizer is None else [], [], []
-    min_new = np.repeat(sc.per_prompt("min_new_tokens", b // sc.n), sc.n)
+    min_new = req.settings["min_new_tokens"]
     for i, t in enumerate(tokens):
-        reason = t[-1] if t and t[-1] in stops else None
+        reason = t[-1] if t and t[-1] in req.stop_ids else None
         if tokenizer is not None:
             text = tokenizer.decode(t)
             if sc.stop:
@@ -397,18 +511,11 @@ def _unpack(out, sc: SamplingConfig, rows, lens, cache_len, gamma, tokenizer, st
         reasons.append("stop" if reason is not None else "length")
         stop_reasons.append(reason)
     logprobs = top_logprobs = None
-    if sc.logprobs is not None:
-        n = sc.logprobs
-        base = s + 4 + gamma
-        as_float = lambda x: x.astype(np.int32).view(np.float32)  # noqa: E731
-        chosen = as_float(out[:, base : base + s])
-        top_ids = out[:, base + s : base + s + s * n].reshape(b, s, n)
-        top = as_float(out[:, base + s + s * n :]).reshape(b, s, n)
-        span = [slice(lens[i], seq_lens[i]) for i in range(b)]
-        logprobs = [chosen[i, span[i]].tolist() for i in range(b)]
-        top_logprobs = [
-            [list(zip(ids, lps)) for ids, lps in zip(top_ids[i, span[i]].tolist(), top[i, span[i]].tolist())]
-            for i in range(b)
-        ]
+    if out.logprobs is not None:
+        lp = out.logprobs
+        span = [slice(lens[i], seq_lens[i]) for i in range(len(tokens))]
+        logprobs = [lp.chosen[i, s].tolist() for i, s in enumerate(span)]
+        top_logprobs = [[list(zip(ids, lps)) for ids, lps in zip(lp.top_ids[i, s].tolist(), lp.top[i, s].tolist())]
+                        for i, s in enumerate(span)]
     return GenerationResult(tokens=tokens, texts=texts, metrics=metrics, finish_reasons=reasons,
                             stop_reasons=stop_reasons, logprobs=logprobs, top_logprobs=top_logprobs)

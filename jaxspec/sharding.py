@@ -13,6 +13,13 @@ under ``jax.shard_map`` over a ``("data", "model")`` mesh.
   ``[B, S, K, h]``. Each data shard runs its own ``while_loop`` until its own rows are done;
   collectives only ever span ``model``.
 
+Every PartitionSpec of a parameter derives from one table: each parameter's logical axes,
+declared once beside the param layout (``jaxspec.models.axes``), through ``RULES`` (logical
+name -> mesh axis). ``generate(mesh=)`` places and ``shard_map``s with ``param_specs``;
+``load(mesh=)`` and ``orbax_io.default_specs`` restore with ``tensor_spec_fn``, the same rules
+with logical axes the mesh axis does not divide left whole. A parameter missing from the
+table is an error naming it.
+
 Choices, written down:
 
 - Logits are gathered over the vocabulary, not sampled distributedly: a verify step gathers
@@ -26,8 +33,8 @@ Choices, written down:
 - The drafter is replicated (computed whole on every ``model`` shard of its data shard, no
   collectives) unless ``shard_drafter=True``; the early-exit drafter always runs on the
   target's own shards, since its weights are the target's.
-- Batches that ``data`` does not divide are padded with one-token rows (dropped from the
-  results), as prompts are padded to buckets; head counts, MLP width and vocabulary must be
+- Batches are padded to a multiple of ``data`` on top of their batch bucket
+  (``api.batch_bucket``), with the same one-token rows dropped from the results; head counts, MLP width and vocabulary must be
   divisible (an error naming the axis and the sizes, before any compile).
 """
 
@@ -43,15 +50,16 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxspec.config import ModelConfig
+from jaxspec.models import axes
 
 DATA, MODEL = "data", "model"
 AXES = (DATA, MODEL)
 
-# Param key -> how it splits over MODEL: column-parallel (output columns), row-parallel
-# (input rows; the embedding's rows are its vocabulary), or a per-column bias.
-_COLUMN = frozenset({"wq", "wk", "wv", "w_gate", "w_up", "lm_head"})
-_ROW = frozenset({"wo", "w_down", "embed"})
-_BIAS = frozenset({"bq", "bk", "bv"})
+# The one rules table: logical axis (``jaxspec.models.axes``, declared once per parameter)
+# -> mesh axis. Heads, MLP width and vocabulary split over ``model`` (Megatron-style: wq/wk/wv,
+# their biases, w_gate/w_up and lm_head by output columns, wo/w_down by input rows, the
+# embedding by its vocabulary rows); the residual width is never split.
+RULES = {"vocab": MODEL, "embed": None, "q_heads": MODEL, "kv_heads": MODEL, "ffw": MODEL}
 
 
 def make_mesh(data: int = 1, model: int = 1, *, devices=None) -> Mesh:
@@ -128,35 +136,62 @@ def local_config(config: ModelConfig, n: int) -> ModelConfig:
     )
 
 
-def _spec(key: str) -> P:
-    if key in _COLUMN:
-        return P(None, MODEL)
-    if key in _ROW:
-        return P(MODEL, None)
-    if key in _BIAS:
-        return P(MODEL)
-    return P()  # norms
+def logical_spec(logical: tuple, rules: dict = RULES) -> P:
+    """PartitionSpec of a leaf whose dimensions have the ``logical`` axes, under ``rules``
+    (logical name -> mesh axis or None). ``P()`` when no dimension is split: one spelling of
+    "replicated", so shardings derived here compare equal wherever they were derived."""
+    mesh_axes = tuple(None if name is None else rules[name] for name in logical)
+    return P(*mesh_axes) if any(a is not None for a in mesh_axes) else P()
+
+
+def fitted_rules(config: ModelConfig, n: int, axis: str = MODEL) -> dict:
+    """``RULES`` over a mesh axis ``axis`` of size ``n`` for ``config``: a logical axis whose
+    count (``axes.sizes``: heads, not columns) ``n`` does not divide stays replicated. On a
+    jaxspec mesh ``check_model_axis`` has already refused all but KV heads fewer than ``n``,
+    which stay whole here and are repeated by ``shard_params``."""
+    counts = axes.sizes(config)
+    return {name: axis if to is not None and counts[name] % n == 0 else None for name, to in RULES.items()}
+
+
+def _path(tree_path) -> tuple:
+    """A ``jax.tree_util`` key path as a ``TensorSpec.path``: ``("layers", 3, "wq")``."""
+    return tuple(getattr(k, "key", getattr(k, "idx", k)) for k in tree_path)
 
 
 def param_specs(params: Any, sharded: bool = True) -> Any:
-    """PartitionSpecs of a params pytree (``jaxspec.models.decoder`` layout), by leaf name:
-    columns of wq/wk/wv/w_gate/w_up/lm_head and q/k/v biases over ``model``, rows of
-    wo/w_down and the embedding's vocabulary over ``model``, norms replicated; everything
-    replicated when not ``sharded``. Accepts None (a drafter without params)."""
-    def spec(path, _):
-        return _spec(getattr(path[-1], "key", "")) if sharded else P()
+    """PartitionSpecs of a params pytree (``jaxspec.models.decoder`` layout): each leaf's
+    logical axes (``jaxspec.models.axes``) through ``RULES``; everything replicated when not
+    ``sharded``. Accepts None (a drafter without params).
+
+    Raises:
+      ValueError: a leaf has no declared logical axes (named), when ``sharded``.
+    """
+    def spec(path, x):
+        return logical_spec(axes.leaf_axes(_path(path), x.ndim)) if sharded else P()
 
     return jax.tree_util.tree_map_with_path(spec, params)
 
 
+def tensor_spec_fn(config: ModelConfig, n: int, axis: str = MODEL):
+    """``fn(TensorSpec) -> PartitionSpec`` over a mesh axis ``axis`` of size ``n``: each
+    tensor's logical axes through ``fitted_rules``. What ``orbax_io.default_specs`` and
+    ``checkpoint_specs`` restore and place with."""
+    rules = fitted_rules(config, n, axis)
+    return lambda spec: logical_spec(axes.leaf_axes(spec.path, len(spec.shape)), rules)
+
+
 def checkpoint_specs(config: ModelConfig, mesh: Mesh):
     """``fn(TensorSpec) -> PartitionSpec`` for restoring a checkpoint straight onto ``mesh``
-    (``jaxspec.load(..., mesh=)``); wk/wv/bk/bv stay replicated when KV heads must be repeated
-    (``shard_params`` then cuts each shard's repeated head out of them)."""
+    (``jaxspec.load(..., mesh=)``): ``param_specs``' layout, except that wk/wv/bk/bv stay
+    replicated when KV heads must be repeated (``shard_params`` then cuts each shard's
+    repeated head out of them).
+
+    Raises:
+      ValueError: the ``model`` axis does not divide the heads, MLP width or vocabulary.
+    """
     n = mesh_sizes(mesh)[1]
     check_model_axis(config, n)
-    repeat = kv_repeats(config, n) > 1
-    return lambda spec: P() if repeat and spec.key in ("wk", "wv", "bk", "bv") else _spec(spec.key)
+    return tensor_spec_fn(config, n)
 
 
 def _repeat_kv(params: dict, config: ModelConfig, r: int) -> dict:
@@ -166,7 +201,7 @@ def _repeat_kv(params: dict, config: ModelConfig, r: int) -> dict:
         heads = x.reshape(x.shape[:-1] + (x.shape[-1] // hd, hd))
         return jnp.repeat(heads, r, axis=-2).reshape(x.shape[:-1] + (-1,))
 
-    kv = ("wk", "wv", "bk", "bv")
+    kv = axes.leaves_along("kv_heads")
     layers = [{k: rep(v) if k in kv else v for k, v in layer.items()} for layer in params["layers"]]
     return {**params, "layers": layers}
 
@@ -261,8 +296,9 @@ class Plan:
         return params, drafter_params, inputs
 
     def wrap(self, fn):
-        """``fn(target, drafter_params, inputs) -> [B, X]`` (written for one shard) as the
-        whole-mesh function under ``jax.shard_map``, its output replicated on every device."""
+        """``fn(target, drafter_params, inputs) -> pytree of [B, ...] arrays`` (written for one
+        shard) as the whole-mesh function under ``jax.shard_map``, its output rows gathered over
+        ``data`` and replicated on every device."""
         def sharded(target, drafter_params, inputs):
             in_specs = (param_specs(target), param_specs(drafter_params, self.drafter_sharded), input_specs(inputs))
             # check_vma=False: the loop predicate and sampled tokens are identical across

@@ -8,6 +8,7 @@ cache bucket, so each (drafter kind, gamma, batch size) compiles once for the wh
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -290,7 +291,7 @@ def test_cached_decoding_matches_full_forward(tiny):
     # The tolerance can fail: one different context token (position 2) moves later logits.
     changed = seq.copy()
     changed[:, 2] = (changed[:, 2] + 1) % cfg.vocab_size
-    other, _, _ = fwd(jnp.asarray(changed), all_positions, KVCache.zeros(cfg, 2, slots, jnp.float32))
+    other = fwd(jnp.asarray(changed), all_positions, KVCache.zeros(cfg, 2, slots, jnp.float32)).logits
     moved = np.abs(np.asarray(other)[:, 3:] - full[:, 3:]).max(axis=-1).min()
     print("min over later positions of max |logit change| from one token =", moved)
     assert moved > 1000 * LOGIT_ATOL
@@ -313,8 +314,9 @@ def test_generation_lowers_to_one_while_loop_without_host_calls(tiny, inputs_fac
 
 
 def test_generate_runs_one_program_and_one_transfer(tiny, monkeypatch):
-    """A warm ``generate`` call runs exactly one compiled program, which returns a single
-    array, and brings it to the host with exactly one ``jax.device_get``.
+    """A warm ``generate`` call runs exactly one compiled program, which returns one result
+    pytree (``api.Output``), and brings all of it to the host with exactly one
+    ``jax.device_get``.
 
     How this is checked, and why so: ``jax.transfer_guard_device_to_host("disallow")`` is
     also set (it turns any implicit device-to-host transfer into an error on GPU/TPU), but
@@ -345,8 +347,9 @@ def test_generate_runs_one_program_and_one_transfer(tiny, monkeypatch):
     with jax.transfer_guard_device_to_host("disallow"):
         r = tiny.generate(tiny.prompts, **kw)
     assert r.metrics.compile_s == 0.0
-    assert calls == [1], f"compiled program calls (arrays returned): {calls}"
-    assert transfers == [1], f"jax.device_get calls (arrays each): {transfers}"
+    n_arrays = len(dataclasses.fields(jaxspec.api.Output)) - 1  # logprobs not requested: None
+    assert calls == [n_arrays], f"compiled program calls (arrays returned): {calls}"
+    assert transfers == [n_arrays], f"jax.device_get calls (arrays each): {transfers}"
 
 
 def test_new_values_do_not_recompile(tiny, plain_greedy):
@@ -357,3 +360,20 @@ def test_new_values_do_not_recompile(tiny, plain_greedy):
     tiny.generate(tiny.prompts, stop_token_ids=(5, 6, 7), temperature=0.7, seed=3)
     tiny.generate([p[::-1] for p in tiny.prompts], stop_token_ids=(), max_new_tokens=tiny.max_new - 3)
     assert len(jaxspec.api._COMPILED) == compiled
+
+
+def test_batch_sizes_share_a_bucket(tiny, plain_greedy):
+    """Rows are padded to the next power of two (``api.batch_bucket``: 1, 2, 4, 8, ..., then
+    to a multiple of a mesh's ``data`` axis) with one-token copies of row 0, dropped from the
+    results: 3 and 4 prompts run one compiled program, the 3-prompt call returns exactly its
+    3 rows (the plain greedy output, with per-row metrics), and the 4-prompt call's first
+    rows equal it (rows are independent, invariant 3)."""
+    bucket = jaxspec.api.batch_bucket
+    assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 33)] == [1, 2, 4, 4, 8, 8, 16, 64]
+    assert [bucket(1, 8), bucket(4, 8), bucket(9, 8), bucket(5, 3)] == [8, 8, 16, 9]
+    three = tiny.generate(tiny.prompts)
+    compiled = len(jaxspec.api._COMPILED)
+    four = tiny.generate(tiny.prompts + [[3, 4, 3]])
+    assert len(jaxspec.api._COMPILED) == compiled and four.metrics.compile_s == 0.0
+    assert three.tokens == plain_greedy == four.tokens[:3]
+    assert len(three.metrics.new_tokens) == len(three.metrics.accepted_at) == len(three.finish_reasons) == 3

@@ -15,16 +15,22 @@ fixed seeds and models do not hit (the unsharded run is the reference, as for in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import jaxspec
 from jaxspec import launch, sharding
+from jaxspec.checkpoints import names, orbax_io
+from jaxspec.models import axes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -183,6 +189,69 @@ def test_local_config_llama3_8b_on_16_chips():
     assert "tp_axis" not in local.to_dict()  # runtime only: never written to a checkpoint manifest
     with pytest.raises(ValueError, match=r"'model' \(size 3\) must divide the target's n_heads \(32\)"):
         sharding.local_config(cfg, 3)
+
+
+FAMILY_SWITCHES = [dict(), dict(attn_bias=True), dict(qk_norm=True), dict(sandwich_norms=True),
+                   dict(tie_embeddings=True), dict(attn_bias=True, qk_norm=True, sandwich_norms=True, tie_embeddings=True)]
+
+
+def _sizes_only_mesh(data: int, model: int):
+    """A ``(data, model)`` Mesh for deriving specs only: they depend on the axis sizes alone,
+    so this 1-device process repeats its device to stand for ``data * model`` of them."""
+    return jax.sharding.Mesh(np.array([jax.devices()[0]] * (data * model)).reshape(data, model), sharding.AXES)
+
+
+@pytest.mark.parametrize("switches", FAMILY_SWITCHES, ids=lambda s: "+".join(s) or "llama")
+def test_one_table_gives_every_user_the_same_specs(switches):
+    """``generate(mesh=)``'s placement (``param_specs``), ``load(mesh=)``'s restore
+    (``checkpoint_specs``) and ``orbax_io.default_specs`` all derive from the one table of
+    logical axes: identical specs for every tensor of every family switch when the model axis
+    divides the KV heads (2 of 8 query heads, model axis 2). With 8 shards the KV heads (2)
+    are repeated: the two restore paths keep wk/wv/bk/bv whole (replicated) and
+    ``param_specs`` splits the repeated copies, as ``shard_params`` places them."""
+    cfg = dataclasses.replace(jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=8, n_kv_heads=2,
+                                                  head_dim=4, ffn_dim=64, name="specs"), **switches)
+    abstract = names.empty_params(cfg)
+    for spec in names.tensor_specs(cfg):
+        names.set_leaf(abstract, spec.path, jax.ShapeDtypeStruct(spec.shape, "float32"))
+    placed = sharding.param_specs(abstract)
+    kv = axes.leaves_along("kv_heads")
+    for model in (2, 8):
+        mesh = _sizes_only_mesh(8 // model, model)
+        restore, default = sharding.checkpoint_specs(cfg, mesh), orbax_io.default_specs(cfg, mesh)
+        for spec in names.tensor_specs(cfg):
+            want = names.get_leaf(placed, spec.path)
+            if model == 8 and spec.key in kv:
+                want = P()  # repeated by shard_params after the restore
+            assert restore(spec) == default(spec) == want, (model, spec.path)
+    expected = {("embed",): P("model", None), ("final_norm",): P(), ("layers", 0, "wq"): P(None, "model"),
+                ("layers", 0, "wo"): P("model", None), ("layers", 1, "w_down"): P("model", None),
+                ("layers", 1, "w_up"): P(None, "model"), ("layers", 0, "attn_norm"): P()}
+    expected.update({("layers", 0, "bk"): P("model"), ("layers", 0, "bq"): P("model")} if cfg.attn_bias else {})
+    expected.update({("layers", 0, "k_norm"): P()} if cfg.qk_norm else {})
+    expected.update({("layers", 1, "post_mlp_norm"): P()} if cfg.sandwich_norms else {})
+    expected.update({} if cfg.tie_embeddings else {("lm_head",): P(None, "model")})
+    assert {path: names.get_leaf(placed, path) for path in expected} == expected
+    assert ("lm_head" in placed) == (not cfg.tie_embeddings)
+
+
+def test_a_param_without_logical_axes_is_an_error():
+    """A leaf missing from ``jaxspec.models.axes`` fails, naming it, in every user (no silent
+    replication); so does a leaf whose rank differs from its declared axes."""
+    cfg = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=8, n_kv_heads=2, head_dim=4, ffn_dim=64)
+    leaf = jax.ShapeDtypeStruct((32, 8), "float32")
+    with pytest.raises(ValueError, match="param 'layers/0/w_new' has no logical axes"):
+        sharding.param_specs({"embed": leaf, "layers": [{"w_new": leaf}]})
+    with pytest.raises(ValueError, match="param 'medusa_head' has no logical axes"):
+        sharding.param_specs({"medusa_head": leaf})
+    assert sharding.param_specs({"medusa_head": leaf}, sharded=False) == {"medusa_head": P()}
+    unknown = names.TensorSpec(("layers", 0, "w_new"), "", "", (32, 8), False)
+    for fn in (orbax_io.default_specs(cfg, _sizes_only_mesh(1, 2)),
+               sharding.checkpoint_specs(cfg, _sizes_only_mesh(1, 2))):
+        with pytest.raises(ValueError, match="param 'layers/0/w_new' has no logical axes"):
+            fn(unknown)
+    with pytest.raises(ValueError, match="param 'layers/0/bq' has 2 dimensions, .* declares 1"):
+        sharding.param_specs({"layers": [{"bq": leaf}]})
 
 
 def test_cli_mesh_flag_and_launch_errors():

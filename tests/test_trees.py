@@ -254,3 +254,51 @@ def test_tree_logprobs_min_new_tokens_and_stop_ids_equal_plain(tiny, kind):
         np.testing.assert_allclose(a, b, atol=1e-5)
     for a, b in zip(spec.top_logprobs, plain.top_logprobs):
         assert [[i for i, _ in alts] for alts in a] == [[i for i, _ in alts] for alts in b]
+
+
+@pytest.mark.parametrize("family", ["tiny", "sliding"])
+def test_tree_forward_equals_each_path_run_alone(tiny, family):
+    """Invariant 4's tree twin: one forward over a tree (ancestor mask, positions committed +
+    depth, written after 7 committed tokens) gives every node the logits of an uncached
+    forward over the committed text plus that node's own path; and after ``keep_path`` the
+    cache serves the next token exactly as if only that path had been written. ``sliding``:
+    a 3-token sliding window on every layer, which tree positions must respect."""
+    from jaxspec import models
+    from jaxspec.cache import KVCache
+
+    cfg = tiny.cfg if family == "tiny" else dataclasses.replace(tiny.cfg, sliding_window=3, name="tiny-sliding")
+    params = tiny.params
+    rng = np.random.default_rng(0)
+    committed = rng.integers(0, cfg.vocab_size, (1, 7)).astype(np.int32)
+    parents = np.array([-1, -1, 0, 0, 2, 1], np.int32)
+    nodes = rng.integers(0, cfg.vocab_size, (1, 6)).astype(np.int32)
+    cache = models.forward(params, cfg, jnp.asarray(committed[:, :6]), jnp.arange(6)[None],
+                           KVCache.zeros(cfg, 1, 32, jnp.float32)).cache
+    tree = Tree.of(jnp.asarray(committed[:, 6]), Proposal(jnp.asarray(nodes), jnp.asarray(parents[None]),
+                                                          jnp.ones((1, 6), bool)))
+    start = jnp.full((1,), 6, jnp.int32)
+    positions = start[:, None] + tree.depth
+    out = models.forward(params, cfg, tree.tokens, positions, cache, write_at=start,
+                         mask=models.TreeMask(start, tree.ancestors, positions))
+
+    def path_to(i):  # window entries root .. node i
+        path = [i + 1]
+        while parents[path[-1] - 1] >= 0:
+            path.append(parents[path[-1] - 1] + 1)
+        return [0] + path[::-1]
+
+    window = np.concatenate([committed[:, 6:], nodes], axis=1)[0]
+    for i in range(6):
+        seq = np.concatenate([committed[0], window[path_to(i)[1:]]])[None]
+        full = models.forward(params, cfg, jnp.asarray(seq), jnp.arange(seq.shape[1])[None],
+                              KVCache.zeros(cfg, 1, seq.shape[1], jnp.float32)).logits
+        np.testing.assert_allclose(np.asarray(out.logits[0, i + 1]), np.asarray(full[0, -1]), atol=2e-5)
+    # keep node 4's path (root, 0, 2, 4): the next token at position 10 sees exactly that text
+    path = jnp.asarray([path_to(4) + [5, 5, 5]], jnp.int32)[:, :7]
+    kept = out.cache.keep_path(start, path)
+    nxt = jnp.asarray([[5]], jnp.int32)
+    step = models.forward(params, cfg, nxt, jnp.full((1, 1), 10), kept).logits
+    seq = np.concatenate([committed[0], window[path_to(4)[1:]], [5]])[None]
+    full = models.forward(params, cfg, jnp.asarray(seq), jnp.arange(11)[None],
+                          KVCache.zeros(cfg, 1, 11, jnp.float32)).logits
+    np.testing.assert_allclose(np.asarray(step[0, 0]), np.asarray(full[0, -1]), atol=2e-5)

@@ -142,30 +142,18 @@ def read_manifest(path: str) -> dict:
 
 
 def default_specs(config: ModelConfig, mesh, axis: str = "model") -> Callable:
-    """Megatron-style tensor parallelism over mesh axis ``axis`` (Shoeybi et al. 2019):
-    q/k/v, gate and up projections split by output columns, o and down projections by input
-    rows, embedding and head by vocabulary; norms, biases and any dimension that ``axis`` does
-    not divide are replicated.
+    """Megatron-style tensor parallelism over mesh axis ``axis`` (Shoeybi et al. 2019), from
+    the one table of logical axes (``jaxspec.models.axes``) and rules (``jaxspec.sharding.RULES``):
+    heads (with their q/k/v biases), MLP width and vocabulary split over ``axis``; norms, the
+    residual width and any logical axis whose count ``axis`` does not divide are replicated.
 
     Returns:
-      ``fn(spec: names.TensorSpec) -> jax.sharding.PartitionSpec``.
+      ``fn(spec: names.TensorSpec) -> jax.sharding.PartitionSpec``; it raises ValueError
+      naming a tensor that has no declared logical axes.
     """
-    from jax.sharding import PartitionSpec as P
+    from jaxspec import sharding
 
-    n = mesh.shape[axis]
-    column = {"wq", "wk", "wv", "w_gate", "w_up", "lm_head"}
-    row = {"wo", "w_down"}
-
-    def fn(spec: names.TensorSpec):
-        if spec.key in column and spec.shape[1] % n == 0:
-            return P(None, axis)
-        if spec.key in row and spec.shape[0] % n == 0:
-            return P(axis, None)
-        if spec.key == "embed" and spec.shape[0] % n == 0:
-            return P(axis, None)
-        return P()
-
-    return fn
+    return sharding.tensor_spec_fn(config, mesh.shape[axis], axis)
 
 
 def resolve_specs(config: ModelConfig, mesh, specs=None):
