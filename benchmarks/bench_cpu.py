@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     import transformers
 
     import jaxspec
-    from jaxspec.gguf_loader import smollm2_gguf_path
+    from jaxspec.checkpoints.gguf_reader import smollm2_gguf_path
 
     transformers.logging.set_verbosity_warning()
     transformers.logging.disable_progress_bar()

@@ -14,9 +14,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from jaxspec import gguf_loader  # noqa: E402
+from jaxspec.checkpoints import gguf_reader  # noqa: E402
 from jaxspec.config import ModelConfig  # noqa: E402
-from jaxspec.gguf_loader import SMOLLM2_PIP_COMMAND, read_gguf, smollm2_gguf_path  # noqa: E402
+from jaxspec.checkpoints.gguf_reader import SMOLLM2_PIP_COMMAND, read_gguf, smollm2_gguf_path  # noqa: E402
 from jaxspec.tokenizer import Tokenizer  # noqa: E402
 
 REF_NPZ = os.path.join(os.path.dirname(__file__), "data", "smollm2_reference_logits.npz")
@@ -210,7 +210,7 @@ def test_truncated_real_file_names_path(tmp_path, smollm2_path, keep):
 
 
 def test_missing_wheel_message(monkeypatch):
-    monkeypatch.setattr(gguf_loader.importlib.util, "find_spec", lambda name, *a: None)
+    monkeypatch.setattr(gguf_reader.importlib.util, "find_spec", lambda name, *a: None)
     with pytest.raises(FileNotFoundError) as e:
         smollm2_gguf_path()
     assert SMOLLM2_PIP_COMMAND in str(e.value)

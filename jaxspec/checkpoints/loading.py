@@ -7,7 +7,7 @@ import os
 
 from jaxspec.checkpoints import hf, orbax_io
 from jaxspec.checkpoints.packaged import gemma3_270m_gguf_path
-from jaxspec.gguf_loader import read_gguf, smollm2_gguf_path
+from jaxspec.checkpoints.gguf_reader import read_gguf, smollm2_gguf_path
 
 KNOWN_MODELS = {"smollm2-135m": smollm2_gguf_path, "gemma3-270m": gemma3_270m_gguf_path}
 

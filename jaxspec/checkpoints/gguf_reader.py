@@ -162,7 +162,7 @@ def _config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: s
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
-            f"{path!r}: unsupported GGUF architecture {arch!r}; jaxspec.gguf_loader supports "
+            f"{path!r}: unsupported GGUF architecture {arch!r}; jaxspec.checkpoints.gguf_reader supports "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
 
