@@ -242,14 +242,14 @@ def main(argv=None) -> int:
     import transformers
 
     import jaxspec
-    from jaxspec.gguf_loader import smollm2_gguf_path
+    from jaxspec.checkpoints.packaged import gguf_path
 
     transformers.logging.set_verbosity_warning()
     transformers.logging.disable_progress_bar()
     transformers.logging.get_logger().addHandler(hf_log)
     torch.set_num_threads(args.torch_threads)
 
-    gguf = smollm2_gguf_path()
+    gguf = gguf_path("smollm2-135m")
     log(f"loading jaxspec model from {gguf}")
     model = jaxspec.load("smollm2-135m")  # float32 on CPU (jaxspec.default_dtype())
     assert jax.default_backend() == "cpu", jax.default_backend()

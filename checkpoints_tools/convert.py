@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxspec.checkpoints import hf, orbax_io
 from jaxspec.checkpoints.loading import resolve
-from jaxspec.gguf_loader import read_gguf
+from jaxspec.checkpoints.gguf_reader import read_gguf
 
 DTYPES = ("float32", "bfloat16")
 TOKENIZER_KEYS = ("tokenizer.", "general.name", "general.architecture")

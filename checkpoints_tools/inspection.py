@@ -45,11 +45,11 @@ def inspect_checkpoint(name_or_path: str):
             itemsize = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I8": 1, "U8": 1}.get(dt, 4)
             infos.append(TensorInfo(name, shape, dt, int(np.prod(shape)) * itemsize))
         return kind, config, infos
-    from jaxspec import gguf_loader
+    from jaxspec.checkpoints import gguf_reader
 
-    reader = gguf_loader._open_reader(path)
-    meta = gguf_loader._metadata_from_reader(reader, path)
-    config = gguf_loader._config_from_metadata(meta, {t.name: t for t in reader.tensors}, path)
+    reader = gguf_reader._open_reader(path)
+    meta = gguf_reader._metadata_from_reader(reader, path)
+    config = gguf_reader._config_from_metadata(meta, {t.name: t for t in reader.tensors}, path)
     infos = [TensorInfo(t.name, tuple(int(d) for d in reversed(list(t.shape))), t.tensor_type.name, int(t.n_bytes))
              for t in reader.tensors]
     return kind, config, infos

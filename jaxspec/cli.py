@@ -6,6 +6,11 @@ object per prompt (``text`` and ``tokens`` of the first sample, ``samples`` with
 text, tokens, finish and stop reason and logprobs, ``metrics``). ``--compare`` also runs plain
 decoding of the same engine and settings on the same prompts and prints the speedup and
 whether outputs match (tokens, text and logprobs; under greedy decoding they must).
+
+Compiled programs are kept in jax's persistent compilation cache (``jaxspec.compile_cache``:
+``$JAXSPEC_CACHE/xla`` or ``~/.cache/jaxspec/xla``), so a second run skips the compile; switch
+it off with ``--no-compile-cache`` or ``JAXSPEC_COMPILE_CACHE=0``. Each compile is reported on
+stderr with its time and whether it came from that cache.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import argparse
 import json
 import statistics
 import sys
+
+from jaxspec import compile_cache
 
 DRAFTERS = ("ngram", "early-exit", "model", "none")
 
@@ -68,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
     g.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     g.add_argument("--compare", action="store_true", help="also run plain decoding and report the speedup")
+    g.add_argument("--compile-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep compiled programs in $JAXSPEC_CACHE/xla (default ~/.cache/jaxspec/xla) for later runs "
+                        "(default: on; JAXSPEC_COMPILE_CACHE=0 also turns it off)")
     return parser
 
 
@@ -191,6 +201,7 @@ def _generate(args) -> int:
     prompts = _read_prompts(args)
     sampling = _sampling(args)
     mesh = _mesh(args)
+    cache_dir = compile_cache.enable() if args.compile_cache else None
     try:
         with console.status(f"loading {args.model}"):
             load = lambda name: jaxspec.load(name, dtype=args.dtype)  # noqa: E731
@@ -201,9 +212,13 @@ def _generate(args) -> int:
 
     def run(prompt, d, dp, label, i):
         msg = f"[{i + 1}/{len(prompts)}] {label}: compiling (first call per prompt-length bucket) and generating"
+        hits = compile_cache.hits()
         with console.status(msg):
-            return jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, sampling=sampling, chat=args.chat,
-                                    mesh=mesh, shard_drafter=args.shard_drafter and d is not None)
+            res = jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, sampling=sampling, chat=args.chat,
+                                   mesh=mesh, shard_drafter=args.shard_drafter and d is not None)
+        if res.metrics.compile_s > 0:
+            console.print(_compile_line(label, args, res, compile_cache.hits() - hits, cache_dir), soft_wrap=True)
+        return res
 
     name = args.drafter if drafter is not None else "plain"
     speedups, same, spec_tps, taus, compile_s = [], [], [], [], 0.0
@@ -251,6 +266,15 @@ def _generate(args) -> int:
                  else ", outputs differ by design when sampling (same distribution)")
     console.print(line, soft_wrap=True)
     return 0 if (not args.compare or args.temperature != 0 or all(same)) else 1
+
+
+def _compile_line(label: str, args, res, hits: int, cache_dir: str | None) -> str:
+    """What one compile was: the program (drafter, gamma, models), its time and its source."""
+    models = args.model + (f" + draft {args.draft_model}" if label == "model" else "")
+    source = ("no persistent cache" if cache_dir is None
+              else f"loaded from the cache {cache_dir}" if hits else f"stored in {cache_dir}")
+    gamma = f", gamma {res.metrics.gamma}" if label != "plain" else ""
+    return f"compiled the {label} program ({models}{gamma}) in {res.metrics.compile_s:.1f} s: {source}"
 
 
 def main(argv=None) -> int:

@@ -132,7 +132,7 @@ class Tokenizer:
     """GPT-2 style byte-level BPE tokenizer with special tokens and a Jinja chat template.
 
     Build it with :meth:`from_gguf` (reads the file's metadata) or :meth:`from_metadata` (the
-    dict returned by ``jaxspec.gguf_loader.read_gguf``). Control tokens (GGUF token type 3,
+    dict returned by ``jaxspec.checkpoints.gguf_reader.read_gguf``). Control tokens (GGUF token type 3,
     e.g. ``<|im_start|>``) are registered as special tokens and user-defined tokens (type 4) as
     added tokens, so their text in a string is encoded as a single id.
 
@@ -311,7 +311,7 @@ class Tokenizer:
           FileNotFoundError: ``path`` does not exist (message names it).
           ValueError: not a valid GGUF, or its tokenizer is not byte-level BPE (message names it).
         """
-        from jaxspec.gguf_loader import read_gguf_metadata
+        from jaxspec.checkpoints.gguf_reader import read_gguf_metadata
 
         path = os.fspath(path)
         return cls.from_metadata(read_gguf_metadata(path), source=repr(path), pre=pre)

@@ -25,7 +25,7 @@ from jaxspec.cache import KVCache
 from jaxspec.checkpoints import orbax_io
 from jaxspec.checkpoints.gguf_writer import write_gguf
 from jaxspec.checkpoints.hf import read_hf
-from jaxspec.gguf_loader import read_gguf
+from jaxspec.checkpoints.gguf_reader import read_gguf
 from jaxspec import models
 
 pytest.importorskip("transformers")

@@ -1,6 +1,6 @@
 """Write a jaxspec model as a GGUF file with the ``gguf`` package (llama.cpp's own writer).
 
-The inverse of ``jaxspec.gguf_loader.read_gguf``: the same tensor names (``names.py``), torch
+The inverse of ``jaxspec.checkpoints.gguf_reader.read_gguf``: the same tensor names (``names.py``), torch
 ``[out, in]`` layout, llama.cpp's Q/K row permutation for the ``llama`` architecture, Gemma's
 norms stored as ``1 + w``, and the metadata keys llama.cpp defines (``gguf.Keys``), including
 ``attention.sliding_window_pattern`` (one bool per layer, True = sliding),
@@ -24,7 +24,7 @@ ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3"
 
 def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's Q/K row permutation (HF rotate_half -> interleaved pairs); the inverse of
-    ``gguf_loader._reverse_permute``."""
+    ``gguf_reader._reverse_permute``."""
     half = w.shape[0] // n_heads // 2
     return w.reshape(n_heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 

