@@ -241,9 +241,14 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
                                    logprobs=logprobs, width=width)
         if drafter is not None and drafter.capabilities.abstains:
-            # No row has a draft: a one-token step costs less than verifying a dead tree.
-            has_draft = jnp.any(jnp.any(proposal.valid, axis=1) & ~s.done)
-            v = jax.lax.cond(has_draft, lambda: verify(proposal), lambda: verify(_first_nodes(proposal, 0)))
+            # Verify the shortest prefix of the nodes that holds every active row's valid nodes,
+            # among a few static widths: no draft at all is a one-token step, one chain of a
+            # tree (the best n-gram match alone) a (gamma + 1)-token one.
+            widths = sorted({0, drafter.gamma, proposal.n_nodes})
+            node = jnp.arange(1, proposal.n_nodes + 1)[None]
+            used = jnp.max(jnp.where(proposal.valid & ~s.done[:, None], node, 0))
+            pick = sum((used > w).astype(jnp.int32) for w in widths[:-1])
+            v = jax.lax.switch(pick, [functools.partial(verify, _first_nodes(proposal, w)) for w in widths])
         else:
             v = verify(proposal)
     with jax.named_scope("commit"):

@@ -77,8 +77,10 @@ class ShapedDrafter:
 
     def propose(self, params, state, context):
         state, chain = self.inner.propose(params["model"], state, context)
-        parents, spine = params["parents"], params["spine"]
-        b, n = parents.shape
+        b = context.tokens.shape[0]  # generate may pad the batch (buckets): extra rows reuse row 0's tree
+        rows = jnp.minimum(jnp.arange(b), params["parents"].shape[0] - 1)
+        parents, spine = params["parents"][rows], params["spine"][rows]
+        n = parents.shape[1]
         depth = Tree.of(jnp.zeros((b,), jnp.int32), Proposal(jnp.zeros((b, n), jnp.int32), parents,
                                                              jnp.ones((b, n), bool))).depth[:, 1:]
         node = jnp.arange(n)[None]

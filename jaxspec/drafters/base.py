@@ -38,9 +38,10 @@ class Capabilities:
     """What a drafter declares about itself (read by the engine and ``jaxspec.sharding``).
 
     Attributes:
-      abstains: ``propose`` may mark every node invalid (nothing to propose); when no row of
-        the batch has a valid node the engine runs a one-token step instead of verifying an
-        empty tree.
+      abstains: ``propose`` may leave nodes invalid (nothing to propose there), packing its
+        valid nodes first; the engine then verifies only the shortest of the widths 0,
+        ``gamma`` and N nodes that holds every active row's valid nodes (no draft: a
+        one-token step).
       shares_target_weights: the drafter's params are a view of the target's (early exit), so
         under a mesh it runs on the target's shards.
       capture: target layer ids whose outputs ``init`` and ``commit`` receive (empty: none).

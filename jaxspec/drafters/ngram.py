@@ -16,8 +16,10 @@ written down:
 - ``min_n`` defaults to 2: single-token matches draft poorly (on 8 Spec-Bench prompts with
   SmolLM2 on CPU, min_n 1 gave tau 1.43 but 0.99x plain speed, min_n 2 tau 1.31 and 1.10x,
   since a dead window costs a 5-token verify instead of a 1-token step);
-- with no match it abstains (every node invalid); when no row of the batch has a draft the
-  engine runs a one-token step instead of verifying an empty tree.
+- with no match it abstains (every node invalid), and branches that found no match are
+  invalid; valid nodes come first (best match first), so the engine verifies only the nodes
+  the batch uses (widths 0, gamma or N: ``Capabilities.abstains``), a one-token step when
+  nothing matched.
 
 Deterministic: ``q`` is ``None`` (acceptance treats every node as a one-hot proposal, which
 is exact for distinct siblings: ``jaxspec.acceptance``).
