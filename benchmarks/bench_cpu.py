@@ -52,6 +52,11 @@ Run (from the repository root)::
     PYTHONPATH=. python benchmarks/bench_cpu.py --quick      # smoke test, ~3-4 minutes
     PYTHONPATH=. python benchmarks/bench_cpu.py --per-category 1 --methods jax_plain,jax_ngram_g4,hf_plain
 
+Many methods x prompt buckets compile ~60 programs in one process; XLA:CPU maps ~1,000 memory
+regions per program, past Linux's default vm.max_map_count (65,530), after which LLVM fails with
+"Unable to allocate section memory" (seen 2026-12-01 at prompt 20 of 27 with 8 methods). Raise
+it first (root): ``sysctl -w vm.max_map_count=262144``; the script warns when it is lower.
+
 Writes ``benchmarks/results/cpu_smollm2_<date>[_quick].json`` (machine, versions, command,
 settings, per-prompt rows, summary) and the same summary as markdown in ``.md``; prints it.
 """
@@ -213,6 +218,13 @@ def main(argv=None) -> int:
     if BASE not in methods:
         methods.insert(0, BASE)
 
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            if int(f.read()) < 200_000:
+                print("warning: vm.max_map_count < 200000: a long run may die compiling (see the docstring)",
+                      file=sys.stderr)
+    except OSError:
+        pass
     t_start = time.perf_counter()
     started = _dt.datetime.now(_dt.timezone.utc)
     stem = args.out or os.path.join(HERE, "results", f"cpu_smollm2_{started:%Y-%m-%d}" + ("_quick" if args.quick else ""))
