@@ -193,6 +193,7 @@ class _Verified:
     hidden: jax.Array  # [B, W, D]: the target's final hidden states along the path
     captured: tuple  # [B, W, D] per captured layer, along the path
     logprobs: tuple | None  # token_logprobs of the emitted tokens, or None
+    n_drafted: jax.Array  # int32 [B]: valid nodes of the verified tree
 
 
 def _along(x: jax.Array, path: jax.Array) -> jax.Array:
@@ -217,7 +218,8 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     accepted = acceptance.Accepted(acc.n_accepted, pad(acc.path), pad(acc.tokens))
     return _Verified(accepted, cache, pad(_along(out.hidden, acc.path)),
                      tuple(pad(_along(c, acc.path)) for c in out.captured),
-                     None if lp is None else tuple(pad(x) for x in lp))
+                     None if lp is None else tuple(pad(x) for x in lp),
+                     jnp.sum(tree.valid[:, 1:], axis=1, dtype=jnp.int32))
 
 
 def _first_nodes(proposal: Proposal, n: int) -> Proposal:
@@ -273,7 +275,6 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
             committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
                                   v.captured)
             drafter_state = drafter.commit(drafter_params, drafter_state, committed)
-        n_drafted = jnp.sum(Tree.of(root, proposal).valid[:, 1:], axis=1) * counted
     return LoopState(
         tokens=tokens,
         seq_lens=seq_lens,
@@ -285,7 +286,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         logprobs=_write_logprobs(s.logprobs, v.logprobs, s.seq_lens),
         step=s.step + 1,
         n_steps=s.n_steps + counted,
-        n_drafted=s.n_drafted + n_drafted,
+        n_drafted=s.n_drafted + v.n_drafted * counted,
         n_accepted=s.n_accepted + n_acc * counted,
         accepted_at=s.accepted_at + (jnp.arange(gamma)[None] < n_acc[:, None]) * counted[:, None],
     )

@@ -67,11 +67,6 @@ class Proposal:
         return cls(z, z, jnp.zeros((batch, 0), bool), None)
 
 
-def chain_parents(n: int) -> tuple[int, ...]:
-    """Parents of a chain of ``n`` nodes: ``(-1, 0, ..., n - 2)``."""
-    return tuple(range(-1, n - 1))
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Tree:
