@@ -13,13 +13,15 @@ Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail pe
 """
 
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
+from jaxspec.checkpoints.heads import load_eagle_head
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter
+from jaxspec.drafters import EagleDrafter, EarlyExitDrafter, ModelDrafter, NGramDrafter
 from jaxspec.metrics import Metrics
 from jaxspec.sharding import make_mesh, shard_params
 
 __all__ = [
+    "EagleDrafter",
     "EarlyExitDrafter",
     "GenerationResult",
     "Metrics",
@@ -32,6 +34,7 @@ __all__ = [
     "default_dtype",
     "generate",
     "load",
+    "load_eagle_head",
     "make_mesh",
     "shard_params",
 ]

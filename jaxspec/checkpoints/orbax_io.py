@@ -80,6 +80,18 @@ def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dic
         if tuple(arr.shape) != spec.shape:
             raise ValueError(f"params {_leaf_name(spec.path)} has shape {tuple(arr.shape)}, expected {spec.shape} for {config.name}")
         tensors[_leaf_name(spec.path)] = [list(spec.shape), str(arr.dtype)]
+    return write_dir(dst, overwrite, lambda tmp: _write(tmp, params, config, tensors, tokenizer_metadata,
+                                                        tokenizer_dir, source))
+
+
+def write_dir(dst: str, overwrite: bool, fill: Callable[[str], None]) -> str:
+    """Create directory ``dst`` by ``fill(tmp)`` into ``dst + ".partial"``, renamed when
+    complete: a failed write never leaves a half-written ``dst``, and an existing ``dst``
+    (with ``overwrite``) is only removed once its replacement is complete.
+
+    Raises:
+      FileExistsError: ``dst`` exists and not ``overwrite``.
+    """
     dst = os.path.abspath(dst)
     if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(f"destination {dst!r} already exists; pass --overwrite (overwrite=True) to replace it")
@@ -87,7 +99,7 @@ def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dic
     _remove(tmp)
     os.makedirs(tmp)
     try:
-        _write(tmp, params, config, tensors, tokenizer_metadata, tokenizer_dir, source)
+        fill(tmp)
     except BaseException:
         _remove(tmp)
         raise

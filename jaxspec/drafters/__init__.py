@@ -1,7 +1,8 @@
-"""Drafters behind one protocol (``base.Drafter``): draft model, early exit, n-gram lookup."""
+"""Drafters behind one protocol (``base.Drafter``): draft model, early exit, n-gram lookup, EAGLE-3 head."""
 
 from jaxspec.drafters.base import Drafter
+from jaxspec.drafters.eagle import EagleDrafter
 from jaxspec.drafters.model import EarlyExitDrafter, ModelDrafter
 from jaxspec.drafters.ngram import NGramDrafter
 
-__all__ = ["Drafter", "EarlyExitDrafter", "ModelDrafter", "NGramDrafter"]
+__all__ = ["Drafter", "EagleDrafter", "EarlyExitDrafter", "ModelDrafter", "NGramDrafter"]

@@ -10,15 +10,10 @@ as a chain of sampled drafts or a top-k tree.
 Chain mode (``tree_nodes=0``): ``gamma`` drafts drawn one after another from the drafter's
 processed distribution q, which acceptance uses (lossless at any temperature).
 
-Tree mode (``tree_nodes=N``): EAGLE-2's dynamic tree (Li et al. 2024, "EAGLE-2: Faster
-Inference of Language Models with Dynamic Draft Trees", Sec. 4): expand the root into its
-``branching`` most probable tokens; at each further depth expand the ``branching`` frontier
-nodes of highest cumulative draft log-probability (one drafter forward over them, with a tree
-mask), each into its ``branching`` most probable children; after ``gamma`` depths keep the N
-candidates of highest cumulative log-probability (a child scores below its parent, so the
-kept set is a tree). Ranking uses the draft model's raw distribution; the selection is
-deterministic, so acceptance treats nodes as one-hot proposals (``jaxspec.acceptance``):
-lossless at any temperature.
+Tree mode (``tree_nodes=N``): EAGLE-2's dynamic tree of depth ``gamma``
+(``jaxspec.drafters.dynamic_tree``), ranked by the draft model's raw distribution; the
+selection is deterministic, so acceptance treats nodes as one-hot proposals
+(``jaxspec.acceptance``): lossless at any temperature.
 
 The drafter keeps its own static KV cache. Every ``propose`` starts by reading the two newest
 tokens (positions ``seq_len - 2`` and ``seq_len - 1``): the root and the deepest accepted
@@ -39,9 +34,46 @@ import jax.numpy as jnp
 from jaxspec import models
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
+from jaxspec.drafters import dynamic_tree
+from jaxspec.drafters.dynamic_tree import check_tree
 from jaxspec.drafters.base import Capabilities, check_gamma, check_int
 from jaxspec.sampling import fold_rows, processed_probs, sample
 from jaxspec.tree import Proposal
+
+
+def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int) -> tuple[Any, Proposal]:
+    """A chain of ``gamma`` drafts, each drawn from the drafter's processed distribution q
+    (the target's processing: ``processed_probs`` with the history plus the drafts so far),
+    which the proposal carries, so acceptance is lossless at any temperature.
+
+    Args:
+      step: ``step(carry, token [B], i) -> (carry, logits [B, V])``: feed draft ``i - 1``
+        (``token``) and score draft ``i`` (i = 1 .. gamma - 1).
+      carry: the drafter's state threaded through ``step`` (a ``lax.scan`` carry).
+      logits: float32 ``[B, V]`` scoring draft 0; context: the ``Context``.
+
+    Returns:
+      ``(carry, Proposal.chain of [B, gamma] with q [B, gamma, V])``.
+    """
+    keys = context.keys
+
+    def draft(logits, history, i):
+        q = processed_probs(logits, context.sampling, history)
+        d = sample(fold_rows(keys, i), q)
+        return d, q, history.add(d[:, None], jnp.ones_like(d[:, None], bool))
+
+    d0, q0, history = draft(logits, context.history, 0)
+
+    def scan_step(scan_carry, i):
+        carry, token, history = scan_carry
+        carry, logits = step(carry, token, i)
+        d, q, history = draft(logits, history, i)
+        return (carry, d, history), (d, q)
+
+    (carry, _, _), (ds, qs) = jax.lax.scan(scan_step, (carry, d0, history), jnp.arange(1, gamma, dtype=jnp.int32))
+    drafts = jnp.concatenate([d0[:, None], ds.T], axis=1)
+    q = jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
+    return carry, Proposal.chain(drafts, q=q)
 
 
 @jax.tree_util.register_dataclass
@@ -86,11 +118,7 @@ class ModelDrafter:
     def __post_init__(self):
         check_gamma(self.gamma)
         check_int("branching", self.branching, 1, self.config.vocab_size)
-        if self.tree_nodes:
-            grown = self.branching + (self.gamma - 1) * self.branching**2
-            check_int("tree_nodes", self.tree_nodes, 1, grown,
-                      f" (0 = chain; a tree of depth gamma={self.gamma} with branching={self.branching} grows "
-                      f"{grown} candidates)")
+        check_tree(self.gamma, self.tree_nodes, self.branching)
 
     @property
     def n_nodes(self) -> int:
@@ -100,7 +128,7 @@ class ModelDrafter:
     @property
     def scratch(self) -> int:
         """Slots after the root a proposal writes into the drafter's cache."""
-        return self.gamma if not self.tree_nodes else 1 + (self.gamma - 1) * self.branching
+        return self.gamma if not self.tree_nodes else dynamic_tree.scratch_slots(self.gamma, self.branching)
 
     def select_params(self, target_params: Any, drafter_params: Any) -> Any:
         return drafter_params
@@ -132,81 +160,30 @@ class ModelDrafter:
         return self._chain(params, cache, logits, context)
 
     def _chain(self, params, cache, logits, context):
-        cfg, keys = self.config, context.keys
+        cfg = self.config
 
-        def draft(logits, history, i):
-            # q: the drafter's distribution after the same processing as the target's p.
-            q = processed_probs(logits, context.sampling, history)
-            d = sample(fold_rows(keys, i), q)
-            return d, q, history.add(d[:, None], jnp.ones_like(d[:, None], bool))
-
-        d0, q0, history = draft(logits, context.history, 0)
-
-        def step(carry, i):
-            cache, token, history = carry
+        def step(cache, token, i):
             pos = (context.seq_lens - 1 + i)[:, None]
             out = models.forward(params, cfg, token[:, None], pos, cache)
-            d, q, history = draft(out.logits[:, 0], history, i)
-            return (out.cache, d, history), (d, q)
+            return out.cache, out.logits[:, 0]
 
-        (cache, _, _), (ds, qs) = jax.lax.scan(step, (cache, d0, history), jnp.arange(1, self.gamma, dtype=jnp.int32))
-        drafts = jnp.concatenate([d0[:, None], ds.T], axis=1)
-        q = jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
-        b = drafts.shape[0]
+        cache, proposal = draw_chain(step, cache, logits, context, self.gamma)
+        b = proposal.tokens.shape[0]
         fed = jnp.where(jnp.arange(self.gamma) < self.gamma - 1, jnp.arange(1, self.gamma + 1), -1)
-        return DraftState(cache, jnp.broadcast_to(fed, (b, self.gamma)).astype(jnp.int32)), Proposal.chain(drafts, q=q)
+        return DraftState(cache, jnp.broadcast_to(fed, (b, self.gamma)).astype(jnp.int32)), proposal
 
     def _tree(self, params, cache, logits, context):
-        cfg, k, depth = self.config, self.branching, self.gamma
-        b = logits.shape[0]
-        rows = jnp.arange(b)[:, None]
-        start = context.seq_lens - 1
-        span = self.scratch
-        # window positions of the scratch slots: root, then `k` slots per fed depth
-        slot_depth = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.repeat(jnp.arange(1, depth), k)])
-        win_positions = start[:, None] + slot_depth[None]
-        # Candidates, level by level: token, cumulative log-probability, parent candidate id (-1 root),
-        # scratch slot (-1 unfed).
-        lp, tok = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
-        cand_tok, cand_score, cand_parent = [tok], [lp], [jnp.full((b, k), -1, jnp.int32)]
-        cand_slot = [jnp.full((b, k), -1, jnp.int32)]
-        front_ids, front_tok, front_score = jnp.broadcast_to(jnp.arange(k), (b, k)), tok, lp
-        front_seen = jnp.zeros((b, k, span), bool).at[:, :, 0].set(True)  # slots each frontier node attends to
-        n_cands = k
-        for level in range(1, depth):
-            first_slot = 1 + (level - 1) * k
-            slots = first_slot + jnp.arange(k)
-            front_seen = front_seen.at[:, jnp.arange(k), slots].set(True)
-            cand_slot[-1] = cand_slot[-1].at[rows, front_ids - (n_cands - cand_tok[-1].shape[1])].set(slots[None])
-            mask = models.TreeMask(start, front_seen, win_positions)
-            positions = jnp.broadcast_to((start + level)[:, None], (b, k))
-            out = models.forward(params, cfg, front_tok, positions, cache, write_at=start + first_slot, mask=mask)
-            cache = out.cache
-            child_lp, child_tok = jax.lax.top_k(jax.nn.log_softmax(out.logits, axis=-1), k)  # [B, k, k]
-            score = (front_score[:, :, None] + child_lp).reshape(b, k * k)
-            ids = n_cands + jnp.arange(k * k)
-            cand_tok.append(child_tok.reshape(b, k * k))
-            cand_score.append(score)
-            cand_parent.append(jnp.broadcast_to(jnp.repeat(front_ids, k, axis=1), (b, k * k)))
-            cand_slot.append(jnp.full((b, k * k), -1, jnp.int32))
-            if level < depth - 1:
-                front_score, pick = jax.lax.top_k(score, k)
-                front_ids = ids[pick]
-                front_tok = jnp.take_along_axis(cand_tok[-1], pick, axis=1)
-                front_seen = jnp.take_along_axis(front_seen, (pick // k)[:, :, None], axis=1)
-            n_cands += k * k
-        cand_tok, cand_parent, cand_slot = (jnp.concatenate(x, axis=1) for x in (cand_tok, cand_parent, cand_slot))
-        cand_depth = jnp.concatenate([jnp.full((k,), 1)] + [jnp.full((k * k,), d) for d in range(2, depth + 1)])
-        # A child never ties its parent: subtract a hair per depth so the kept set is ancestor-closed.
-        score = jnp.concatenate(cand_score, axis=1) - 1e-6 * cand_depth[None]
-        _, keep = jax.lax.top_k(score, self.tree_nodes)
-        keep = jnp.sort(keep, axis=1)  # candidate ids are ordered by depth: parents first
-        node_of = jnp.full((b, n_cands), -1, jnp.int32).at[rows, keep].set(jnp.arange(self.tree_nodes))
-        par = jnp.take_along_axis(cand_parent, keep, axis=1)
-        parents = jnp.where(par >= 0, jnp.take_along_axis(node_of, jnp.maximum(par, 0), axis=1), -1)
-        valid = jnp.isfinite(jnp.take_along_axis(score, keep, axis=1))
-        proposal = Proposal(jnp.take_along_axis(cand_tok, keep, axis=1), parents, valid, None)
-        return DraftState(cache, jnp.take_along_axis(cand_slot, keep, axis=1)), proposal
+        cfg, k = self.config, self.branching
+
+        def expand(cache, tokens, feats, positions, write_at, mask):
+            out = models.forward(params, cfg, tokens, positions, cache, write_at=write_at, mask=mask)
+            child_lp, child_tok = jax.lax.top_k(jax.nn.log_softmax(out.logits, axis=-1), k)
+            return out.cache, child_lp, child_tok, None
+
+        root_lp, root_tok = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
+        cache, proposal, slots = dynamic_tree.grow(expand, cache, root_lp, root_tok, None, context.seq_lens - 1,
+                                                   depth=self.gamma, branching=k, n_nodes=self.tree_nodes)
+        return DraftState(cache, slots), proposal
 
     def commit(self, params, state: DraftState, committed):
         node = jnp.maximum(committed.path - 1, 0)

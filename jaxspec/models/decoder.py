@@ -151,37 +151,59 @@ def embed(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Array:
     return x
 
 
-def _block(layer: dict, i: int, x, positions, write_at, k_cache, v_cache, config: ModelConfig, visible):
-    b, t, _ = x.shape
+def self_attention(layer: dict, i: int, y, positions, write_at, k_cache, v_cache, config: ModelConfig, visible):
+    """Attention sub-block of layer ``i`` over an already normed input ``y [B, T, Din]``
+    (``Din`` is D in a decoder block, 2D in an EAGLE-3 layer, ``jaxspec.models.eagle3``): q/k/v
+    projections (+ biases, q/k norms), RoPE at ``positions``, the new keys and values written
+    at ``write_at``, attention over the visible slots (``visible``: ``{is_sliding: [B, T, S]}``),
+    output projection. Returns ``(out [B, T, D], k_cache, v_cache)``, before any residual add."""
+    b, t, _ = y.shape
     hd, eps, off = config.head_dim, config.norm_eps, config.norm_offset
+    q, k, v = y @ layer["wq"], y @ layer["wk"], y @ layer["wv"]
+    if config.attn_bias:
+        q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+    q = q.reshape(b, t, config.n_heads, hd)
+    k = k.reshape(b, t, config.n_kv_heads, hd)
+    v = v.reshape(b, t, config.n_kv_heads, hd)
+    if config.qk_norm:
+        q, k = rms_norm(q, layer["q_norm"], eps, off), rms_norm(k, layer["k_norm"], eps, off)
+    freqs = rope.layer_inv_freq(config, i)
+    q, k = rope.apply(q, positions, freqs), rope.apply(k, positions, freqs)
+    k_cache = write(k_cache, k, write_at)
+    v_cache = write(v_cache, v, write_at)
+    seen = visible[config.is_sliding(i)]
+    n = seen.shape[-1]
+    y = attention(q, k_cache[:, :n], v_cache[:, :n], seen, scale=config.attn_scale) @ layer["wo"]
+    return _all_reduce(y, config), k_cache, v_cache
+
+
+def mlp_residual(layer: dict, x, config: ModelConfig):
+    """``x + MLP(norm(x))``: the gated MLP sub-block (SwiGLU or GeGLU) with its residual add."""
+    eps, off = config.norm_eps, config.norm_offset
+    y = rms_norm(x, layer["mlp_norm"], eps, off)
+    act = jax.nn.silu if config.activation == "silu" else functools.partial(jax.nn.gelu, approximate=True)
+    y = _all_reduce((act(y @ layer["w_gate"]) * (y @ layer["w_up"])) @ layer["w_down"], config)
+    if config.sandwich_norms:
+        y = rms_norm(y, layer["post_mlp_norm"], eps, off)
+    return x + y
+
+
+def visibility(positions, n_slots: int, mask, config: ModelConfig) -> dict:
+    """``{is_sliding: bool [B, T, S]}``: the slots each query sees, per kind of layer."""
+    return {s: _visible(positions, n_slots, mask, config.sliding_window if s else 0)
+            for s in {config.is_sliding(i) for i in range(config.n_layers)}}
+
+
+def _block(layer: dict, i: int, x, positions, write_at, k_cache, v_cache, config: ModelConfig, visible):
+    eps, off = config.norm_eps, config.norm_offset
     with jax.named_scope("attention"):
         y = rms_norm(x, layer["attn_norm"], eps, off)
-        q, k, v = y @ layer["wq"], y @ layer["wk"], y @ layer["wv"]
-        if config.attn_bias:
-            q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
-        q = q.reshape(b, t, config.n_heads, hd)
-        k = k.reshape(b, t, config.n_kv_heads, hd)
-        v = v.reshape(b, t, config.n_kv_heads, hd)
-        if config.qk_norm:
-            q, k = rms_norm(q, layer["q_norm"], eps, off), rms_norm(k, layer["k_norm"], eps, off)
-        freqs = rope.layer_inv_freq(config, i)
-        q, k = rope.apply(q, positions, freqs), rope.apply(k, positions, freqs)
-        k_cache = write(k_cache, k, write_at)
-        v_cache = write(v_cache, v, write_at)
-        seen = visible[config.is_sliding(i)]
-        n = seen.shape[-1]
-        y = attention(q, k_cache[:, :n], v_cache[:, :n], seen, scale=config.attn_scale) @ layer["wo"]
-        y = _all_reduce(y, config)
+        y, k_cache, v_cache = self_attention(layer, i, y, positions, write_at, k_cache, v_cache, config, visible)
         if config.sandwich_norms:
             y = rms_norm(y, layer["post_attn_norm"], eps, off)
         x = x + y
     with jax.named_scope("mlp"):
-        y = rms_norm(x, layer["mlp_norm"], eps, off)
-        act = jax.nn.silu if config.activation == "silu" else functools.partial(jax.nn.gelu, approximate=True)
-        y = _all_reduce((act(y @ layer["w_gate"]) * (y @ layer["w_up"])) @ layer["w_down"], config)
-        if config.sandwich_norms:
-            y = rms_norm(y, layer["post_mlp_norm"], eps, off)
-        x = x + y
+        x = mlp_residual(layer, x, config)
     return x, k_cache, v_cache
 
 
@@ -241,8 +263,7 @@ def forward(
         raise ValueError(f"capture layer {bad[0]} outside [0, {config.n_layers}) for {config.name}")
     write_at = positions[:, 0] if write_at is None else write_at
     n_slots = cache.max_len if visible_slots is None else visible_slots
-    visible = {s: _visible(positions, n_slots, mask, config.sliding_window if s else 0)
-               for s in {config.is_sliding(i) for i in range(config.n_layers)}}
+    visible = visibility(positions, n_slots, mask, config)
     x = embed(params, config, tokens)
     ks, vs, captured = [], [], {}
     for i, layer in enumerate(params["layers"][: config.n_layers]):
