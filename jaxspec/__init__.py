@@ -16,7 +16,7 @@ from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
 from jaxspec.checkpoints.heads import load_eagle_head
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import EagleDrafter, EarlyExitDrafter, ModelDrafter, NGramDrafter
+from jaxspec.drafters import EagleDrafter, EarlyExitDrafter, MedusaDrafter, ModelDrafter, NGramDrafter
 from jaxspec.metrics import Metrics
 from jaxspec.sharding import make_mesh, shard_params
 
@@ -24,6 +24,7 @@ __all__ = [
     "EagleDrafter",
     "EarlyExitDrafter",
     "GenerationResult",
+    "MedusaDrafter",
     "Metrics",
     "Model",
     "check_pair",

@@ -450,10 +450,11 @@ TREE_CASES = [(kind, 1 if kind == "sampled_siblings" else 2, name)
               for kind in ("ngram_tree", "model_tree", "early_exit_tree", "sampled_siblings") for name in TREE_SETTINGS]
 CASES += TREE_CASES
 # EAGLE-3 (a random head: exactness does not depend on training): its chain with q, whose
-# support is the draft vocabulary (tokens 0 and 5 never drafted), at gamma 4 and T = 0.7 and
-# at gamma 2 with penalties (~45 s a case on 2 cores; its tree is the deterministic top-k
-# tree the model_tree cases test: "eagle_tree" passes too, p = 0.38, run by hand).
-CASES += [("eagle", 4, "T=0.7"), ("eagle", 2, "penalties")]
+# support is the draft vocabulary (tokens 0 and 5 never drafted), at gamma 4 with penalties
+# (q processed with the drafts' counts). One case for the suite's time; by hand these passed
+# too: gamma 4 T = 0.7 (p = 0.78), gamma 1 top-p 0.8 (p = 0.16), gamma 2 penalties
+# (p = 0.48), and the deterministic tree at T = 1 (p = 0.38).
+CASES += [("eagle", 4, "penalties")]
 
 
 @pytest.mark.parametrize("kind,gamma,name", CASES)

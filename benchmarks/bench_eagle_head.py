@@ -1,0 +1,85 @@
+"""Cost of one EAGLE-3 head step on SmolLM2's width versus the draft vocabulary size Vd, next
+to one target pass: what the reduced draft vocabulary buys on a machine (issue 11).
+
+Each head step is the jitted ``jaxspec.models.eagle3.forward`` for one token (batch 1, float32,
+512-slot cache), the target pass ``jaxspec.models.forward`` for one token; medians of
+``--reps`` calls after a warm-up, interleaved round-robin so machine load hits them alike.
+The 1-minute load average is recorded: on a shared machine read the ratios, not the times.
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/bench_eagle_head.py [--reps 30]
+
+Writes ``benchmarks/results/eagle_head_cost_cpu_<date>.json`` and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxspec
+from jaxspec import models
+from jaxspec.cache import KVCache
+from jaxspec.models import eagle3
+
+SLOTS = 512
+VOCABS = (2048, 8192, 32768, 49152)
+
+
+def _head_step(cfg):
+    def step(head, embed, tok, feat, pos, cache):
+        return eagle3.forward(head, cfg, embed, tok, feat, pos, cache).logits
+
+    return jax.jit(step)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    model = jaxspec.load("smollm2-135m")
+    cfg_t = model.config
+    tok, pos = jnp.ones((1, 1), jnp.int32), jnp.full((1, 1), 200, jnp.int32)
+    calls = {}
+    for vd in VOCABS:
+        cfg = eagle3.EagleConfig(cfg_t, draft_vocab=vd)
+        calls[f"head step, Vd {vd}"] = (_head_step(cfg), (eagle3.init_params(cfg, jax.random.key(0)),
+                                        model.params["embed"], tok, jnp.ones((1, 1, cfg_t.dim)), pos,
+                                        eagle3.empty_cache(cfg, 1, SLOTS, jnp.float32)))
+
+    def target_pass(params, tok, pos, cache):
+        return models.forward(params, cfg_t, tok, pos, cache).logits
+
+    calls["target pass, T 1"] = (jax.jit(target_pass), (model.params, tok, pos,
+                                                        KVCache.zeros(cfg_t, 1, SLOTS, jnp.float32)))
+    for fn, a in calls.values():
+        fn(*a).block_until_ready()
+    times = {k: [] for k in calls}
+    load = os.getloadavg()[0]
+    for _ in range(args.reps):
+        for k, (fn, a) in calls.items():
+            t0 = time.perf_counter()
+            fn(*a).block_until_ready()
+            times[k].append(time.perf_counter() - t0)
+    ms = {k: round(1000 * float(np.median(v)), 2) for k, v in times.items()}
+    target = ms["target pass, T 1"]
+    out = {"date": _dt.date.today().isoformat(), "jax": jax.__version__, "cpu_count": os.cpu_count(),
+           "load_average_1min_at_start": load, "reps": args.reps, "median_ms": ms,
+           "ratio_to_target_pass": {k: round(v / target, 3) for k, v in ms.items()}}
+    os.makedirs("benchmarks/results", exist_ok=True)
+    path = f"benchmarks/results/eagle_head_cost_cpu_{out['date']}.json"
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
