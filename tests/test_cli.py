@@ -62,7 +62,8 @@ def test_sampling_flags_json(capsys):
      (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
      (["generate", "hi", "--drafter", "eagle"], "--drafter eagle needs --eagle-head PATH"),
      (["generate", "hi", "--drafter", "eagle", "--eagle-head", "/nonexistent/h"],
-      "--eagle-head: EAGLE head '/nonexistent/h' not found: no head.json there")],
+      "--eagle-head: EAGLE head '/nonexistent/h' not found: no head.json there"),
+     (["generate", "hi", "--drafter", "medusa"], "--drafter medusa needs --medusa-heads PATH")],
 )
 def test_errors(argv, message):
     with pytest.raises(SystemExit, match=message):

@@ -58,7 +58,7 @@ def test_bad_eagle_settings_are_refused(tiny, random_head):
     with pytest.raises(ValueError, match=r"branching must be an integer in \[1, 48\] \(at most the draft vocabulary\)"):
         jaxspec.EagleDrafter(cfg, gamma=2, tree_nodes=4, branching=49)
     other = eagle3.EagleConfig(jaxspec.ModelConfig(**{**tiny.cfg.to_dict(), "dim": 16, "head_dim": 4}), draft_vocab=8)
-    with pytest.raises(ValueError, match=r"is an EAGLE head for tiny-target, not for the target tiny-target: config "
+    with pytest.raises(ValueError, match=r"is a head for tiny-target, not for the target tiny-target: config "
                                          r"fields differ \(head's, target's\): \{'dim': \(16, 32\)"):
         jaxspec.generate(tiny.params, tiny.prompts[:1], config=tiny.cfg, drafter=jaxspec.EagleDrafter(other),
                          drafter_params=dparams, max_new_tokens=4)
@@ -153,7 +153,7 @@ def test_head_for_another_target_is_refused(tiny, trained):
     out, model, _ = trained
     path = os.path.join(out, "head")
     other = jaxspec.Model(jax.tree_util.tree_map(lambda x: x * 1.01, tiny.params), tiny.cfg)
-    with pytest.raises(ValueError, match=r"is an EAGLE head for another tiny-target \(the target's weight fingerprint "
+    with pytest.raises(ValueError, match=r"is a head for another tiny-target \(the target's weight fingerprint "
                                          r"differs"):
         jaxspec.load_eagle_head(path, other)
     wider = jaxspec.ModelConfig(**{**tiny.cfg.to_dict(), "vocab_size": 80})
@@ -174,7 +174,7 @@ def test_missing_or_truncated_head_file_is_refused(trained, tmp_path):
     biggest = max(files, key=os.path.getsize)
     with open(biggest, "r+b") as f:
         f.truncate(os.path.getsize(biggest) // 2)
-    with pytest.raises(ValueError, match=r"broken/params'.*(truncated or altered|cannot read the EAGLE head)"):
+    with pytest.raises(ValueError, match=r"broken/params'.*(truncated or altered|cannot read the head)"):
         jaxspec.load_eagle_head(broken, model)
 
 

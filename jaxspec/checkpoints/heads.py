@@ -3,11 +3,12 @@
 
 Directory layout (``save_head``)::
 
-    HEAD/head.json   {"format": "jaxspec-head", "version": 1, "kind": "eagle3",
-                      "config": {...EagleConfig...}, "target_fingerprint": "sha256 hex",
+    HEAD/head.json   {"format": "jaxspec-head", "version": 1, "kind": "eagle3" or "medusa1",
+                      "config": {"target": {...}, ...}, "target_fingerprint": "sha256 hex",
                       "tensors": {"head/fc": [[3D, D], "float32", "sha256 of the bytes"], ...},
                       "training": {...settings and final numbers...}}
-    HEAD/params/     orbax PyTree checkpoint of {"head": params, "d2t": int32 [Vd]}
+    HEAD/params/     orbax PyTree checkpoint: EAGLE-3 {"head": params, "d2t": int32 [Vd]};
+                     Medusa-1 {"heads": [{"w": [D, D], "b": [D]}, ...]}
 
 A head is tied to its target by the target's config (every field but the name) and a
 fingerprint of its weights (``fingerprint``), both checked before the head's params are read.
@@ -55,13 +56,13 @@ def fingerprint(params: Any) -> str:
     return h.hexdigest()
 
 
-def check_head_target(config: EagleConfig, target: ModelConfig, where: str) -> None:
+def check_head_target(head_target: ModelConfig, target: ModelConfig, where: str) -> None:
     """Raise ``ValueError`` (naming ``where``) unless ``target`` is the config the head was
-    trained for (every field but the name and the runtime ``tp_axis``)."""
-    want, got = config.target.to_dict(), target.to_dict()
+    trained for, ``head_target`` (every field but the name and the runtime ``tp_axis``)."""
+    want, got = head_target.to_dict(), target.to_dict()
     diff = {k: (want[k], got.get(k)) for k in want if k != "name" and want[k] != got.get(k)}
     if diff:
-        raise ValueError(f"{where} is an EAGLE head for {config.target.name}, not for the target {target.name}: "
+        raise ValueError(f"{where} is a head for {head_target.name}, not for the target {target.name}: "
                          f"config fields differ (head's, target's): {diff}")
 
 
@@ -71,6 +72,23 @@ def _checksums(tree) -> dict:
         arr = np.asarray(jax.device_get(x))
         out[_leaf_name(path)] = [list(arr.shape), str(arr.dtype), hashlib.sha256(arr.tobytes()).hexdigest()]
     return out
+
+
+def _save(dst: str, tree: dict, kind: str, config: dict, target_params: Any, training, overwrite: bool) -> str:
+    import orbax.checkpoint as ocp
+
+    tree = jax.device_get(tree)
+    manifest = {"format": FORMAT, "version": VERSION, "kind": kind, "config": config,
+                "target_fingerprint": fingerprint(target_params), "tensors": _checksums(tree),
+                "training": training or {}}
+
+    def fill(tmp):
+        with ocp.PyTreeCheckpointer() as ckpt:
+            ckpt.save(os.path.join(tmp, "params"), tree)
+        with open(os.path.join(tmp, MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+
+    return write_dir(dst, overwrite, fill)
 
 
 def save_head(dst: str, head: dict, d2t, config: EagleConfig, target_params: Any, *, training: dict | None = None,
@@ -88,43 +106,61 @@ def save_head(dst: str, head: dict, d2t, config: EagleConfig, target_params: Any
     Raises:
       FileExistsError: ``dst`` exists and not ``overwrite``.
     """
-    import orbax.checkpoint as ocp
-
-    tree = {"head": jax.device_get(head), "d2t": np.asarray(d2t, np.int32)}
-    manifest = {"format": FORMAT, "version": VERSION, "kind": "eagle3", "config": config.to_dict(),
-                "target_fingerprint": fingerprint(target_params), "tensors": _checksums(tree),
-                "training": training or {}}
-
-    def fill(tmp):
-        with ocp.PyTreeCheckpointer() as ckpt:
-            ckpt.save(os.path.join(tmp, "params"), tree)
-        with open(os.path.join(tmp, MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=1)
-
-    return write_dir(dst, overwrite, fill)
+    return _save(dst, {"head": head, "d2t": np.asarray(d2t, np.int32)}, "eagle3", config.to_dict(), target_params,
+                 training, overwrite)
 
 
-def read_head_manifest(path: str) -> dict:
-    """The parsed ``head.json`` with ``"config"`` as an ``EagleConfig``.
+def save_medusa_heads(dst: str, heads: dict, target: ModelConfig, target_params: Any, *,
+                      training: dict | None = None, overwrite: bool = False) -> str:
+    """Write Medusa-1 heads (``{"heads": [{"w", "b"}, ...]}``) for ``target`` at ``dst``; as
+    ``save_head``."""
+    config = {"target": target.to_dict(), "n_heads": len(heads["heads"])}
+    return _save(dst, {"heads": list(heads["heads"])}, "medusa1", config, target_params, training, overwrite)
+
+
+def read_head_manifest(path: str, kind: str = "eagle3") -> dict:
+    """The parsed ``head.json`` of a head of ``kind`` (``"eagle3"``: ``"config"`` becomes an
+    ``EagleConfig``; ``"medusa1"``: ``"target"`` a ``ModelConfig``).
 
     Raises:
       FileNotFoundError: no such head directory or manifest (named).
-      ValueError: unreadable or foreign manifest (named).
+      ValueError: unreadable or foreign manifest, or a head of another kind (named).
     """
     file = os.path.join(path, MANIFEST)
+    name = {"eagle3": "EAGLE", "medusa1": "Medusa"}[kind]
     if not os.path.isfile(file):
-        raise FileNotFoundError(f"EAGLE head {path!r} not found: no {MANIFEST} there (write one with "
-                                f"python -m checkpoints_tools train-eagle)")
+        raise FileNotFoundError(f"{name} head {path!r} not found: no {MANIFEST} there (write one with "
+                                f"python -m checkpoints_tools train-{name.lower()})")
     try:
         with open(file) as f:
             manifest = json.load(f)
-        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION or manifest.get("kind") != "eagle3":
+        if manifest.get("format") != FORMAT or manifest.get("version") != VERSION or manifest.get("kind") != kind:
             raise ValueError(f"format {manifest.get('format')!r} version {manifest.get('version')!r} kind "
-                             f"{manifest.get('kind')!r}, expected {FORMAT!r} version {VERSION} kind 'eagle3'")
-        manifest["config"] = EagleConfig.from_dict(manifest["config"])
+                             f"{manifest.get('kind')!r}, expected {FORMAT!r} version {VERSION} kind {kind!r}")
+        if kind == "eagle3":
+            manifest["config"] = EagleConfig.from_dict(manifest["config"])
+            manifest["target"] = manifest["config"].target
+        else:
+            manifest["target"] = ModelConfig.from_dict(manifest["config"]["target"])
+            manifest["n_heads"] = int(manifest["config"]["n_heads"])
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{file!r}: not a readable EAGLE head manifest: {e}") from e
+        raise ValueError(f"{file!r}: not a readable {name} head manifest: {e}") from e
     return manifest
+
+
+def _checked(path: str, kind: str, target, config: ModelConfig | None):
+    """``(manifest, target params, target config)`` once the head at ``path`` is known to be
+    for this target (config, then weight fingerprint)."""
+    params = getattr(target, "params", target)
+    config = getattr(target, "config", config)
+    if config is None:
+        raise ValueError("config is required when target is a params pytree")
+    manifest = read_head_manifest(path, kind)
+    check_head_target(manifest["target"], config, f"{path!r}")
+    if fingerprint(params) != manifest["target_fingerprint"]:
+        raise ValueError(f"{path!r} is a head for another {manifest['target'].name} (the target's weight fingerprint "
+                         f"differs from the one stored in {MANIFEST}): train a head for this target")
+    return manifest, config
 
 
 def load_eagle_head(path: str, target, config: ModelConfig | None = None, *, gamma: int = 4, tree_nodes: int = 0,
@@ -147,18 +183,10 @@ def load_eagle_head(path: str, target, config: ModelConfig | None = None, *, gam
     """
     from jaxspec.drafters.eagle import EagleDrafter
 
-    params = getattr(target, "params", target)
-    config = getattr(target, "config", config)
-    if config is None:
-        raise ValueError("config is required when target is a params pytree")
     path = os.path.abspath(path)
-    manifest = read_head_manifest(path)
+    manifest, config = _checked(path, "eagle3", target, config)
     cfg = manifest["config"]
-    check_head_target(cfg, config, f"{path!r}")
-    if fingerprint(params) != manifest["target_fingerprint"]:
-        raise ValueError(f"{path!r} is an EAGLE head for another {cfg.target.name} (the target's weight fingerprint "
-                         f"differs from the one stored in {MANIFEST}): train a head for this target")
-    tree = _restore(path, cfg, manifest)
+    tree = _restore(path, {"head": eagle3.param_shapes(cfg), "d2t": (cfg.draft_vocab,)}, manifest, cfg.layer.name)
     d2t = np.asarray(tree["d2t"])
     if len(set(d2t.tolist())) != d2t.size or d2t.min() < 0 or d2t.max() >= config.vocab_size:
         raise ValueError(f"{path!r}: d2t must hold {cfg.draft_vocab} distinct target ids in [0, {config.vocab_size})")
@@ -166,26 +194,49 @@ def load_eagle_head(path: str, target, config: ModelConfig | None = None, *, gam
     return drafter, {"head": tree["head"], "d2t": jnp.asarray(d2t, jnp.int32)}
 
 
-def _restore(path: str, cfg: EagleConfig, manifest: dict) -> dict:
+def load_medusa_heads(path: str, target, config: ModelConfig | None = None, *, topk: tuple[int, ...] = (1, 1, 1, 1)):
+    """Read Medusa-1 heads for ``target`` (``checkpoints_tools train-medusa``) and build a
+    ``MedusaDrafter`` of ``topk`` (at most as many depths as heads).
+
+    Returns:
+      ``(MedusaDrafter, drafter_params)``.
+
+    Raises:
+      FileNotFoundError, ValueError: as ``load_eagle_head``'s, and ``topk`` deeper than the
+        heads (named).
+    """
+    from jaxspec.drafters.medusa import MedusaDrafter
+
+    path = os.path.abspath(path)
+    manifest, config = _checked(path, "medusa1", target, config)
+    n, d = manifest["n_heads"], config.dim
+    if len(topk) > n:
+        raise ValueError(f"topk {tuple(topk)} has {len(topk)} depths but {path!r} holds {n} Medusa heads")
+    tree = _restore(path, {"heads": [{"b": (d,), "w": (d, d)} for _ in range(n)]}, manifest, f"{n} Medusa heads")
+    return MedusaDrafter(config, topk=tuple(topk)), {"heads": list(tree["heads"])}
+
+
+def _restore(path: str, shapes: dict, manifest: dict, what: str) -> dict:
     import orbax.checkpoint as ocp
 
     params_dir = os.path.join(path, "params")
-    shapes = {"head": eagle3.param_shapes(cfg), "d2t": (cfg.draft_vocab,)}
     expected = {_leaf_name(p): list(s) for p, s in
                 jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))[0]}
     stored = manifest.get("tensors", {})
     for name, shape in expected.items():
         if name not in stored or stored[name][0] != shape:
             raise ValueError(f"{params_dir!r}: tensor {name} is missing or has the wrong shape "
-                             f"(manifest {stored.get(name, [None])[0]}, expected {shape} for {cfg.layer.name})")
+                             f"(manifest {stored.get(name, [None])[0]}, expected {shape} for {what})")
     try:
         with ocp.PyTreeCheckpointer() as ckpt:
             tree = ckpt.restore(params_dir)
     except Exception as e:  # orbax / tensorstore raise many types for a damaged directory
-        raise ValueError(f"{params_dir!r}: cannot read the EAGLE head ({type(e).__name__}: {str(e)[:200]})") from e
+        raise ValueError(f"{params_dir!r}: cannot read the head ({type(e).__name__}: {str(e)[:200]})") from e
     sums = _checksums(tree)
     for name, (shape, dtype, digest) in stored.items():
         if name not in sums or sums[name][2] != digest:
             raise ValueError(f"{params_dir!r}: tensor {name} is truncated or altered (sha256 differs from "
                              f"{MANIFEST})")
+    if isinstance(tree.get("heads"), dict):  # orbax may store a list as a dict keyed "0", "1", ...
+        tree["heads"] = [tree["heads"][k] for k in sorted(tree["heads"], key=int)]
     return jax.tree_util.tree_map(jnp.asarray, tree)

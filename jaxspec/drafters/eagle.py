@@ -103,7 +103,7 @@ class EagleDrafter:
     def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
         from jaxspec.checkpoints.heads import check_head_target
 
-        check_head_target(self.config, target_config, "the EagleDrafter's config")
+        check_head_target(self.config.target, target_config, "the EagleDrafter's config")
         if not isinstance(drafter_params, dict) or set(drafter_params) != {"head", "d2t"}:
             raise ValueError("EagleDrafter needs drafter_params = {'head': ..., 'd2t': ...}, as "
                              "jaxspec.load_eagle_head returns them")
