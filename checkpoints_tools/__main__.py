@@ -93,7 +93,8 @@ def _train_head(args) -> int:
     medusa_heads = getattr(args, "heads", 0)
     if args.command == "train-medusa" and medusa_heads < 1:
         raise ValueError(f"--heads must be >= 1, got {medusa_heads}")
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if hasattr(args, f.name)})
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
+                         if hasattr(args, f.name)})
     prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval)
     model = jaxspec.load(args.model)
     if medusa_heads:  # the draft vocabulary is an EAGLE setting
@@ -107,8 +108,9 @@ def _train_head(args) -> int:
     r = train_eagle.run(model, ids, cfg, args.out, max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch,
                         resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads)
     first, last = r["initial"], r["final"]
+    acc = lambda r: [round(a, 3) for a in r["acceptance"]]  # noqa: E731
     print(f"held-out loss {first['loss']:.3f} -> {last['loss']:.3f}; held-out acceptance (top-1 == target's, per "
-          f"{'head' if medusa_heads else 'unrolled step'}) {[round(a, 3) for a in first['acceptance']]} -> {[round(a, 3) for a in last['acceptance']]}")
+          f"{'head' if medusa_heads else 'unrolled step'}) {acc(first)} -> {acc(last)}")
     print(f"wrote {os.path.join(os.path.abspath(args.out), 'head')}")
     return 0
 

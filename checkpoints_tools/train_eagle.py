@@ -370,8 +370,9 @@ def restore_state(out_dir: str, step: int, like: dict) -> dict:
 # ---------------------------------------------------------------------------- the run
 
 
-def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir: str, *, resume_from: int | None = None,
-          progress: bool = True, write_head: bool = True, recipe=None, log=print) -> dict:
+def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir: str, *,
+          resume_from: int | None = None, progress: bool = True, write_head: bool = True, recipe=None,
+          log=print) -> dict:
     """Train a head on ``data`` and write it to ``OUT/head``.
 
     Args:

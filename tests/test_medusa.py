@@ -26,8 +26,8 @@ def test_bad_medusa_settings_are_refused(tiny):
         jaxspec.MedusaDrafter(tiny.cfg, topk=(2, 0))
     heads = medusa.init_heads(tiny.cfg, 2, jax.random.key(0))
     with pytest.raises(ValueError, match=r"needs >= 3 heads in drafter_params\['heads'\], got 2"):
-        jaxspec.generate(tiny.params, tiny.prompts[:1], config=tiny.cfg, drafter=jaxspec.MedusaDrafter(tiny.cfg, (1, 1, 1)),
-                         drafter_params=heads, max_new_tokens=4)
+        jaxspec.generate(tiny.params, tiny.prompts[:1], config=tiny.cfg,
+                         drafter=jaxspec.MedusaDrafter(tiny.cfg, (1, 1, 1)), drafter_params=heads, max_new_tokens=4)
 
 
 def test_train_medusa_raises_held_out_acceptance_and_loads(tiny, tmp_path):

@@ -78,7 +78,8 @@ def grow(expand: Callable, cache: Any, root_lp: jax.Array, root_tok: jax.Array, 
     # scratch slot (-1 unfed).
     cand_tok, cand_score, cand_parent = [root_tok], [root_lp], [jnp.full((b, k), -1, jnp.int32)]
     cand_slot = [jnp.full((b, k), -1, jnp.int32)]
-    front_ids, front_tok, front_score, front_feat = jnp.broadcast_to(jnp.arange(k), (b, k)), root_tok, root_lp, root_feat
+    front_ids = jnp.broadcast_to(jnp.arange(k), (b, k))
+    front_tok, front_score, front_feat = root_tok, root_lp, root_feat
     front_seen = jnp.zeros((b, k, span), bool).at[:, :, 0].set(True)  # slots each frontier node attends to
     n_cands = k
     for level in range(1, depth):
