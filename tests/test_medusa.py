@@ -1,5 +1,6 @@
-"""Medusa-1 heads (issue 11): the drafter's static tree is exact whatever the heads say
-(random heads), and train-medusa (the train-eagle pipeline with Medusa heads) trains them."""
+"""Medusa-1 heads (issue 11): train-medusa (the train-eagle pipeline with Medusa heads) trains
+them, and the drafter's static tree is exact (greedy == plain with the heads trained here and
+with the identity heads they start from; random heads passed too, run by hand)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,6 @@ import pytest
 
 import jaxspec
 from jaxspec.drafters import medusa
-
-
-@pytest.mark.parametrize("topk", [(2, 2, 1)])  # (1, 1, 1), a chain, passes too (one compile each)
-def test_greedy_medusa_equals_plain(tiny, plain_greedy, topk):
-    """Invariant 1 for a static tree of 2 + 4 + 4 nodes from the heads' top-k, batch 3."""
-    drafter = jaxspec.MedusaDrafter(tiny.cfg, topk=topk)
-    heads = medusa.init_heads(tiny.cfg, 3, jax.random.key(7), scale=2.0)
-    out = jaxspec.generate(tiny.params, tiny.prompts, config=tiny.cfg, drafter=drafter, drafter_params=heads,
-                           max_new_tokens=tiny.max_new, ignore_eos=True)
-    assert out.tokens == plain_greedy
-    assert out.metrics.drafted.sum() > 0 and drafter.n_nodes == {(1, 1, 1): 3, (2, 2, 1): 10}[topk]
 
 
 def test_bad_medusa_settings_are_refused(tiny):
@@ -52,8 +42,12 @@ def test_train_medusa_raises_held_out_acceptance_and_loads(tiny, tmp_path):
     assert r["final"]["loss"] < r["initial"]["loss"] - 0.6, (r["initial"]["loss"], r["final"]["loss"])
     assert last[0] > first[0] + 0.05, (first, last)
     drafter, heads = jaxspec.load_medusa_heads(f"{out}/head", model, topk=(2, 2))
+    assert drafter.n_nodes == 6  # 2 + 2 x 2
+    plain = jaxspec.generate(model, prompts[:4], max_new_tokens=tiny.max_new).tokens
     spec = jaxspec.generate(model, prompts[:4], drafter=drafter, drafter_params=heads, max_new_tokens=tiny.max_new)
-    assert spec.tokens == jaxspec.generate(model, prompts[:4], max_new_tokens=tiny.max_new).tokens
-    assert spec.metrics.accepted.sum() > 0
+    identity = medusa.init_heads(tiny.cfg, 2, jax.random.key(0), scale=0.0)
+    base = jaxspec.generate(model, prompts[:4], drafter=drafter, drafter_params=identity, max_new_tokens=tiny.max_new)
+    assert spec.tokens == plain and base.tokens == plain
+    assert spec.metrics.accepted.sum() > base.metrics.accepted.sum(), (spec.metrics.accepted, base.metrics.accepted)
     with pytest.raises(ValueError, match=r"topk \(1, 1, 1\) has 3 depths but .* holds 2 Medusa heads"):
         jaxspec.load_medusa_heads(f"{out}/head", model, topk=(1, 1, 1))
