@@ -26,8 +26,8 @@ Test", Sec. 3), with optax and orbax.
 
 The loop (``train``) takes a recipe for the head it trains: ``EagleRecipe`` here,
 ``checkpoints_tools.train_medusa.MedusaRecipe`` for Medusa-1 heads, which share the data,
-optimizer, checkpoints and progress. Single device: data parallelism over a mesh is not
-implemented yet.
+optimizer, checkpoints and progress. With several devices, batches are split over all of
+them (data parallelism, ``Placement``), the head replicated.
 """
 
 from __future__ import annotations
@@ -284,21 +284,64 @@ def _eval_step(head, frozen, batch, *, recipe, decay):
     return loss, ce, acc
 
 
-def _device_batch(data: Dataset, idx) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where training arrays live: one device (``mesh`` None), or data parallel over a 1-D
+    ``("data",)`` mesh of every device: batch rows split over it, head and optimizer state
+    replicated; the compiled step then averages gradients across devices (GSPMD)."""
+
+    mesh: Any = None
+
+    @classmethod
+    def auto(cls, batch: int, data_parallel: bool | None, log=print) -> "Placement":
+        """Data parallel when asked (or, with ``None``, when more than one device is present
+        and they divide ``batch``).
+
+        Raises:
+          ValueError: ``data_parallel=True`` with a batch the device count does not divide.
+        """
+        n = jax.device_count()
+        if data_parallel is False or n == 1:
+            return cls()
+        if batch % n:
+            if data_parallel:
+                raise ValueError(f"--batch ({batch}) must be a multiple of the {n} devices for data parallelism")
+            log(f"{n} devices do not divide --batch {batch}: training on one device")
+            return cls()
+        from jaxspec.sharding import auto_axes
+
+        return cls(auto_axes(jax.make_mesh((n,), ("data",))))
+
+    def rows(self, tree):
+        if self.mesh is None:
+            return jax.tree_util.tree_map(jnp.asarray, tree)
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        return jax.device_put(tree, NamedSharding(self.mesh, PartitionSpec("data")))
+
+    def replicate(self, tree):
+        if self.mesh is None:
+            return tree
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        return jax.device_put(tree, NamedSharding(self.mesh, PartitionSpec()))
+
+
+def _device_batch(data: Dataset, idx, place: Placement = Placement()) -> dict:
     part = data.rows(idx)
-    return {"tokens": jnp.asarray(part.tokens), "features": jnp.asarray(part.features),
-            "target_p": jnp.asarray(part.target_p), "target_top": jnp.asarray(part.target_top),
-            "loss_mask": jnp.asarray(part.loss_mask), "d2t": jnp.asarray(data.d2t)}
+    batch = place.rows({"tokens": part.tokens, "features": part.features, "target_p": part.target_p,
+                        "target_top": part.target_top, "loss_mask": part.loss_mask})
+    return {**batch, "d2t": place.replicate(jnp.asarray(data.d2t))}
 
 
-def evaluate(head, frozen, data: Dataset, recipe, cfg: TrainConfig) -> dict:
+def evaluate(head, frozen, data: Dataset, recipe, cfg: TrainConfig, place: Placement = Placement()) -> dict:
     """Held-out loss and per-step top-1 agreement (token-weighted over ``cfg.batch``-row chunks)."""
     k = recipe.n_steps
     totals, weight = np.zeros(1 + 2 * k), 0.0
     for i in range(0, len(data.tokens), cfg.batch):
         idx = np.arange(i, min(i + cfg.batch, len(data.tokens)))
         idx = np.pad(idx, (0, cfg.batch - len(idx)), mode="edge")  # one compiled shape
-        loss, ce, acc = _eval_step(head, frozen, _device_batch(data, idx), recipe=recipe, decay=cfg.decay)
+        loss, ce, acc = _eval_step(head, frozen, _device_batch(data, idx, place), recipe=recipe, decay=cfg.decay)
         w = float(data.loss_mask[idx].sum())
         totals += w * np.concatenate([[float(loss)], np.asarray(ce), np.asarray(acc)])
         weight += w
@@ -372,7 +415,7 @@ def restore_state(out_dir: str, step: int, like: dict) -> dict:
 
 def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir: str, *,
           resume_from: int | None = None, progress: bool = True, write_head: bool = True, recipe=None,
-          log=print) -> dict:
+          data_parallel: bool | None = None, log=print) -> dict:
     """Train a head on ``data`` and write it to ``OUT/head``.
 
     Args:
@@ -382,6 +425,8 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
       out_dir: checkpoints in ``OUT/checkpoints``, the head in ``OUT/head``.
       resume_from: a saved step to continue from (None: start from the seed's initial head).
       recipe: the head to train; default an EAGLE-3 head (``EagleRecipe``) of ``cfg``.
+      data_parallel: split batches over every device (``Placement.auto``; None: when more than
+        one device is present and they divide the batch).
 
     Returns:
       ``{"head", "config", "initial", "final", "losses"}``: held-out evaluations before
@@ -395,27 +440,29 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
     recipe.check(data)
     train_set, held = split(data, cfg)
     held = held if len(held.tokens) else train_set
-    frozen = recipe.frozen(target_params)
+    place = Placement.auto(cfg.batch, data_parallel, log)
+    frozen = place.replicate(recipe.frozen(target_params))
     head = recipe.init(jax.random.key(cfg.seed))
     opt_state = optimizer(cfg).init(head)
     start = 0
-    initial = evaluate(head, frozen, held, recipe, cfg)
     if resume_from is not None:
         state = restore_state(out_dir, resume_from, {"head": head, "opt_state": opt_state})
         head, opt_state, start = state["head"], state["opt_state"], resume_from
+    initial = evaluate(place.replicate(recipe.init(jax.random.key(cfg.seed))), frozen, held, recipe, cfg, place)
+    head, opt_state = place.replicate(head), place.replicate(opt_state)
     losses, last_eval = [], initial
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train")
     for step in bar:
-        batch = _device_batch(train_set, batch_indices(cfg, step, len(train_set.tokens)))
+        batch = _device_batch(train_set, batch_indices(cfg, step, len(train_set.tokens)), place)
         head, opt_state, loss, ce, acc = _train_step(head, opt_state, frozen, batch, recipe=recipe, cfg=cfg)
         losses.append(float(loss))
         done = step + 1
         if done % cfg.eval_every == 0 or done == cfg.steps:
-            last_eval = evaluate(head, frozen, held, recipe, cfg)
+            last_eval = evaluate(head, frozen, held, recipe, cfg, place)
         if done % cfg.save_every == 0 or done == cfg.steps:
             save_state(out_dir, done, {"head": head, "opt_state": opt_state})
         bar.set_postfix(loss=f"{losses[-1]:.3f}", held_out_acc=f"{last_eval['acceptance'][0]:.3f}")
-    final = evaluate(head, frozen, held, recipe, cfg)
+    final = evaluate(head, frozen, held, recipe, cfg, place)
     result = {"head": head, "config": recipe.config, "initial": initial, "final": final, "losses": losses}
     if write_head:
         info = {"settings": dataclasses.asdict(cfg), "sequences": int(len(data.tokens)),
