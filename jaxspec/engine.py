@@ -70,8 +70,8 @@ class LoopState:
     step: jax.Array  # int32 scalar: loop iterations so far
     n_steps: jax.Array  # int32 [B]: target verify forwards while the row was active
     n_drafted: jax.Array  # int32 [B]: valid draft nodes proposed (a drafter may abstain)
-    n_accepted: jax.Array  # int32 [B]: draft tokens accepted by verification
-    accepted_at: jax.Array  # int32 [B, gamma]: times a draft at depth i + 1 was accepted
+    n_accepted: jax.Array  # int32 [B]: accepted draft tokens that were emitted (not cut by a stop)
+    accepted_at: jax.Array  # int32 [B, gamma]: times an accepted draft at depth i + 1 was emitted
 
 
 @jax.tree_util.register_dataclass
@@ -271,6 +271,10 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
         tail = jnp.where((n_keep > 0)[:, None], kept_tail, s.tail)
         counted = active.astype(jnp.int32)
+        # Drafts that verification accepted but a stop or max_new_tokens then cut off were
+        # never emitted: the metrics count the emitted ones (n_keep holds the accepted drafts
+        # first, then the replacement/bonus token).
+        n_emitted_drafts = jnp.minimum(n_acc, n_keep)
         if drafter is not None:
             committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
                                   v.captured)
@@ -287,8 +291,8 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         step=s.step + 1,
         n_steps=s.n_steps + counted,
         n_drafted=s.n_drafted + v.n_drafted * counted,
-        n_accepted=s.n_accepted + n_acc * counted,
-        accepted_at=s.accepted_at + (jnp.arange(gamma)[None] < n_acc[:, None]) * counted[:, None],
+        n_accepted=s.n_accepted + n_emitted_drafts,
+        accepted_at=s.accepted_at + (jnp.arange(gamma)[None] < n_emitted_drafts[:, None]),
     )
 
 
