@@ -386,6 +386,7 @@ def generate(
     drafter_params=None,
     chat: bool = False,
     max_len: int | None = None,
+    allow_long_context: bool = False,
     mesh=None,
     shard_drafter: bool = False,
     **settings,
@@ -410,7 +411,11 @@ def generate(
       drafter_params: the draft model's params, or its ``Model`` (then, with a ``Model``
         target, ``jaxspec.check_pair`` also compares the two tokenizers token by token).
       chat: wrap each text prompt in the tokenizer's chat template as a user turn.
-      max_len: longest sequence (prompt + new tokens) allowed; default the model's context.
+      max_len: longest sequence (prompt + new tokens) allowed; default the model's context
+        (``config.max_position``). Larger values are refused unless ``allow_long_context``.
+      allow_long_context: accept a ``max_len`` beyond the model's context, i.e. positions
+        the model was never trained on (vLLM's ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``): output
+        quality past the context is the user's risk. Default False.
       mesh: a ``("data", "model")`` mesh (``jaxspec.make_mesh``): the whole generation runs as
         one program under ``jax.shard_map``, the target tensor-parallel over ``model``, batch
         rows over ``data`` (padded to a multiple of it); same tokens as without a mesh, for
@@ -426,7 +431,8 @@ def generate(
 
     Raises:
       ValueError: empty prompt, token id outside the vocabulary, a sampling setting out of
-        range (named, with its range), prompt + ``max_new_tokens`` over ``max_len``, stop
+        range (named, with its range), prompt + ``max_new_tokens`` over ``max_len``, a
+        ``max_len`` beyond the model's context without ``allow_long_context``, stop
         strings without a tokenizer, drafter that does not fit the target (e.g. vocabulary
         mismatch), a mesh whose ``model`` axis does not divide the heads, MLP width or
         vocabulary. All before anything is compiled.
@@ -450,6 +456,9 @@ def generate(
             check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
             _PAIRED[pair] = (weakref.ref(model), weakref.ref(drafter_params))
         drafter_params = drafter_params.params
+    if max_len is not None and max_len > config.max_position and not allow_long_context:
+        raise ValueError(f"max_len ({max_len}) exceeds the context of {config.name} ({config.max_position} positions): "
+                         "the model never saw positions past it; pass allow_long_context=True to run them anyway")
     req = _request(prompt, sc, config, tokenizer, chat, max_len)
     if isinstance(drafter, type):
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
