@@ -6,6 +6,10 @@ pass verification; the *acceptance rate* at draft position i is the fraction of 
 that accepted draft i; *tau*, the mean accepted length, is tokens emitted per verify step,
 bonus token included (plain decoding has tau = 1; the first token, sampled at prefill, is not
 counted in tau).
+
+A call run with synthetic acceptance (``jaxspec.synthetic``: drafts accepted at random,
+NOT lossless) says so in every form its metrics take: ``synthetic``, ``synthetic_rates``,
+and the ``"synthetic"`` key of ``row`` and ``summary``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ class Metrics:
       accepted_at: int ``[B, gamma]``, verify steps that accepted draft position i.
       gamma: draft window; compile_s: compile time of this call (0 when cached);
       run_s: time of the compiled program including the one transfer of its results.
+      synthetic: True when drafts were accepted at random (``jaxspec.synthetic``): tau and
+        acceptance rates are then the chosen ones, not the drafter's, and the tokens are not
+        the model's output. synthetic_rates: the conditional rates per position, or ().
     """
 
     prompt_tokens: np.ndarray
@@ -37,6 +44,8 @@ class Metrics:
     gamma: int
     compile_s: float
     run_s: float
+    synthetic: bool = False
+    synthetic_rates: tuple[float, ...] = ()
 
     @property
     def verify_steps(self) -> np.ndarray:
@@ -78,6 +87,7 @@ class Metrics:
             "acceptance_rate": float(self.accepted[b] / self.drafted[b]) if self.drafted[b] else None,
             "acceptance_rate_per_position": [float(x) / max(steps, 1) for x in self.accepted_at[b]],
             "tau": float(max(int(self.new_tokens[b]) - 1, 0) / steps) if steps else None,
+            "synthetic": self.synthetic,
         }
 
     def summary(self) -> dict:
@@ -96,4 +106,6 @@ class Metrics:
             "compile_s": self.compile_s,
             "run_s": self.run_s,
             "tokens_per_s": nan_none(self.tokens_per_s),
+            "synthetic": self.synthetic,
+            "synthetic_acceptance_rates": list(self.synthetic_rates) if self.synthetic else None,
         }
