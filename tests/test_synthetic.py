@@ -43,15 +43,19 @@ def test_rule_follows_first_valid_child_and_stops_at_the_path_depth():
     tokens = jnp.array([[3, 4, 5, 6]])
     argmax = jnp.array([[7, 8, 9, 10, 11]])  # the target's token after each window entry
     p = jax.nn.one_hot(argmax, v)
-    rates = jnp.ones((1, 3))
+
+    @jax.jit
+    def rule(valid, rates):
+        tree = Tree.of(jnp.array([1]), Proposal(tokens, jnp.array([[-1, -1, 1, 0]]), valid))
+        return synthetic.accept(jax.random.key(0)[None], p, tree, rates)
+
     for valid, path, emitted in (([True] * 4, [0, 1, 4, 4, 4], [3, 6, 11]), ([False, True, True, True], [0, 2, 3, 3, 3],
                                                                             [4, 5, 10])):
-        tree = Tree.of(jnp.array([1]), Proposal(tokens, jnp.array([[-1, -1, 1, 0]]), jnp.array([valid])))
-        acc = synthetic.accept(jax.random.key(0)[None], p, tree, rates)
+        acc = rule(jnp.array([valid]), jnp.ones((1, 3)))
         assert acc.n_accepted.tolist() == [2]
         assert acc.path.tolist() == [path]
         assert acc.tokens[0, :3].tolist() == emitted
-    zero = synthetic.accept(jax.random.key(0)[None], p, tree, jnp.zeros((1, 3)))
+    zero = rule(jnp.array([valid]), jnp.zeros((1, 3)))
     assert zero.n_accepted.tolist() == [0] and zero.tokens[0, 0] == 7  # nothing kept: the root's next token
 
 
