@@ -15,9 +15,10 @@ Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail pe
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter
+from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter, RepeatDrafter
 from jaxspec.metrics import Metrics
 from jaxspec.sharding import make_mesh, shard_params
+from jaxspec.synthetic import SyntheticAcceptance
 
 __all__ = [
     "EarlyExitDrafter",
@@ -28,7 +29,9 @@ __all__ = [
     "ModelConfig",
     "ModelDrafter",
     "NGramDrafter",
+    "RepeatDrafter",
     "SamplingConfig",
+    "SyntheticAcceptance",
     "default_dtype",
     "generate",
     "load",

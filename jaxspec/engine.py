@@ -12,6 +12,8 @@ path plus one replacement/bonus token, the cache keeps only that path in contigu
 completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens`` along the path.
 Rows never wait for each other; finished rows idle until every row is done.
 ``drafter=None`` is plain autoregressive decoding through the same loop (an empty tree).
+For benchmarks only, ``Inputs.synthetic_rates`` swaps the acceptance rule for random
+acceptance at chosen rates (``jaxspec.synthetic``, NOT lossless); nothing else changes.
 
 Sampling settings travel as per-row arrays (``SamplingParams``); the loop carries the
 ``History`` of generated tokens that penalties and ``min_new_tokens`` read, so the token
@@ -30,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxspec import acceptance, cache as cache_lib, models, stopping
+from jaxspec import acceptance, cache as cache_lib, models, stopping, synthetic
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import Committed, Context, Prefill
@@ -85,6 +87,9 @@ class Inputs:
     sampling: SamplingParams  # per-row settings, stop ids included
     keys: jax.Array  # [B] PRNG keys
     stops: StopTables  # stop strings (possibly none) and the token byte table
+    # float32 [B, gamma]: conditional acceptance rates of SYNTHETIC acceptance (jaxspec.synthetic,
+    # not lossless), or None (the default: real verification). None vs an array is static.
+    synthetic_rates: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +216,10 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     mask = models.TreeMask(start, tree.ancestors, positions)
     out = models.forward(target, config, tree.tokens, positions, s.cache, write_at=start, mask=mask, capture=capture)
     p = processed_probs(out.logits, inputs.sampling, s.history, tree)
-    acc = acceptance.accept(fold_rows(keys, 1), p, proposal.q, tree)
+    if inputs.synthetic_rates is None:
+        acc = acceptance.accept(fold_rows(keys, 1), p, proposal.q, tree)
+    else:  # benchmarking only: the same forward and commit, drafts kept at random (NOT lossless)
+        acc = synthetic.accept(fold_rows(keys, 1), p, tree, inputs.synthetic_rates)
     cache = out.cache.keep_path(start, acc.path)
     lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
     pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])) + ((0, 0),) * (x.ndim - 2), mode="edge")  # noqa: E731
@@ -238,11 +246,13 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         else:
             context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), sp, s.history)
             drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
+            if inputs.synthetic_rates is not None:
+                proposal = synthetic.fill(proposal, root)  # the full window, every step
     width = proposal.n_nodes + 1
     with jax.named_scope("verify"):
         verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
                                    logprobs=logprobs, width=width)
-        if drafter is not None and drafter.capabilities.abstains:
+        if drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None:
             # Verify the shortest prefix of the nodes that holds every active row's valid nodes,
             # among a few static widths: no draft at all is a one-token step, one chain of a
             # tree (the best n-gram match alone) a (gamma + 1)-token one.

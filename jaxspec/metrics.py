@@ -15,6 +15,10 @@ Terms (Leviathan et al. 2023, Sec. 3; Spec-Bench, Xia et al. 2024, Sec. 4.1):
   tau = 1. The first token, emitted by the prefill, is not counted, as Spec-Bench starts
   counting after the prefill. A row that ended at its first token had no verify step; its tau
   is 1.0 (one token from one target forward, as plain decoding), never NaN.
+
+A call run with synthetic acceptance (``jaxspec.synthetic``: drafts accepted at random,
+NOT lossless) says so in every form its metrics take: ``synthetic``, ``synthetic_rates``,
+and the ``"synthetic"`` key of ``row`` and ``summary``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ class Metrics:
         i + 1.
       gamma: draft window; compile_s: compile time of this call (0 when cached);
       run_s: time of the compiled program including the one transfer of its results.
+      synthetic: True when drafts were accepted at random (``jaxspec.synthetic``): tau and
+        acceptance rates are then the chosen ones, not the drafter's, and the tokens are not
+        the model's output. synthetic_rates: the conditional rates per position, or ().
     """
 
     prompt_tokens: np.ndarray
@@ -47,6 +54,8 @@ class Metrics:
     gamma: int
     compile_s: float
     run_s: float
+    synthetic: bool = False
+    synthetic_rates: tuple[float, ...] = ()
 
     @property
     def verify_steps(self) -> np.ndarray:
@@ -90,6 +99,7 @@ class Metrics:
             "acceptance_rate": float(self.accepted[b] / self.drafted[b]) if self.drafted[b] else None,
             "acceptance_rate_per_position": [float(x) / max(steps, 1) for x in self.accepted_at[b]],
             "tau": _tau(max(int(self.new_tokens[b]) - 1, 0), steps),
+            "synthetic": self.synthetic,
         }
 
     def summary(self) -> dict:
@@ -107,6 +117,8 @@ class Metrics:
             "compile_s": self.compile_s,
             "run_s": self.run_s,
             "tokens_per_s": _nan_none(self.tokens_per_s),
+            "synthetic": self.synthetic,
+            "synthetic_acceptance_rates": list(self.synthetic_rates) if self.synthetic else None,
         }
 
 

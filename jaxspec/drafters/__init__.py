@@ -1,7 +1,9 @@
-"""Drafters behind one protocol (``base.Drafter``): draft model, early exit, n-gram lookup."""
+"""Drafters behind one protocol (``base.Drafter``): draft model, early exit, n-gram lookup, and
+the zero-cost ``RepeatDrafter`` (draft tokens for synthetic acceptance)."""
 
 from jaxspec.drafters.base import Drafter
 from jaxspec.drafters.model import EarlyExitDrafter, ModelDrafter
 from jaxspec.drafters.ngram import NGramDrafter
+from jaxspec.drafters.repeat import RepeatDrafter
 
-__all__ = ["Drafter", "EarlyExitDrafter", "ModelDrafter", "NGramDrafter"]
+__all__ = ["Drafter", "EarlyExitDrafter", "ModelDrafter", "NGramDrafter", "RepeatDrafter"]

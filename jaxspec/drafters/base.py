@@ -147,6 +147,27 @@ class Drafter(Protocol):
         """State after verification kept ``committed``."""
 
 
+class Stateless:
+    """The protocol methods of a drafter with no weights and no state (n-gram lookup, repeat):
+    a mixin, so such a drafter writes only ``propose``."""
+
+    def select_params(self, target_params: Any, drafter_params: Any) -> None:
+        """None: no weights."""
+        return None
+
+    def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
+        """Nothing to check: any target fits."""
+        return None
+
+    def init(self, params: Any, prefill: Prefill, max_len: int) -> None:
+        """None: no state."""
+        return None
+
+    def commit(self, params: Any, state: Any, committed: Committed) -> Any:
+        """The state unchanged."""
+        return state
+
+
 def check_gamma(gamma: int) -> None:
     """Raise ``ValueError`` unless ``gamma`` is an int >= 1."""
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
