@@ -274,6 +274,8 @@ class HFRunner:
         if self.assistant is not None:
             self.assistant.register_forward_pre_hook(self._counter("assistant"))
         self.attn = getattr(self.model.config, "_attn_implementation", None)
+        gc = None if self.assistant is None else self.assistant.generation_config
+        self._assistant_defaults = None if gc is None else (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule)
 
     def _counter(self, which: str):
         def count(module, args):
@@ -293,9 +295,9 @@ class HFRunner:
             kw["prompt_lookup_num_tokens"] = method.gamma
         elif method.kind == "hf_assisted":
             kw["assistant_model"] = self.assistant
-            if method.gamma:
-                self.assistant.generation_config.num_assistant_tokens = method.gamma
-                self.assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            gc = self.assistant.generation_config  # transformers reads these from the assistant's config
+            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = (
+                (method.gamma, "constant") if method.gamma else self._assistant_defaults)
         n_warn = len(self.log.messages)
         self.forwards.update(target=0, assistant=0)
         with torch.inference_mode():
@@ -402,6 +404,43 @@ def batches(questions: list[dict], batch_sizes: list[int]) -> list[dict]:
     return units
 
 
+def run_all(units: list[dict], methods: list[Method], batch_sizes: list[int], call, tok, hf_runner, temperature: float,
+            log) -> list[dict]:
+    """Warm up every method once per batch size (compiles, untimed), then run every batch
+    with all its methods in a rotating order, under a tqdm bar; returns the JSON rows
+    (``spec_bench_report.unit_row``). ``call(method, unit) -> Run``."""
+    from tqdm import tqdm
+
+    rows = []
+    n_calls = sum(len([m for m in methods if not m.is_hf or u["batch_size"] == 1]) for u in units)
+    with tqdm(total=n_calls, desc="spec_bench", unit="call", file=sys.stderr, dynamic_ncols=True) as bar:
+        for b in batch_sizes:  # warm-up: compile every method's program for this batch size, untimed
+            unit = next(u for u in units if u["batch_size"] == b)
+            for m in methods:
+                if not m.is_hf or b == 1:
+                    bar.set_postfix_str(f"warm-up b={b} {m.name}")
+                    t0 = time.perf_counter()
+                    call(m, unit)
+                    log(f"warm-up batch {b} {m.name}: {time.perf_counter() - t0:.1f}s")
+        for ui, unit in enumerate(units):
+            todo = [m for m in methods if not m.is_hf or unit["batch_size"] == 1]
+            order = todo[ui % len(todo):] + todo[:ui % len(todo)]  # rotate: no method always first
+            load1 = os.getloadavg()[0]
+            runs = {}
+            for m in order:
+                bar.set_postfix_str(f"b={unit['batch_size']} {unit['category']} {m.name}")
+                runs[m.name] = call(m, unit)
+                bar.update(1)
+            rows.append(report.unit_row(unit, [m.name for m in order], runs, load1, tok))
+            for q, a in zip(unit["questions"], rows[-1].get("hf_plain_vs_plain", [])):
+                if not a["identical"] and temperature == 0:  # where the two engines part, and by how much
+                    a["hf_logits_at_first_diff"] = hf_runner.top2_at(q["ids"], runs["plain"].tokens[0][:a["first_diff"]])
+            r = rows[-1]["methods"]
+            log(f"b={unit['batch_size']} {unit['category']} {[q['id'] for q in unit['questions']]} load {load1:.1f}: "
+                + ", ".join(f"{n} {x['tokens_per_s']:.1f} tok/s ({x['speedup_vs_plain']:.2f}x)" for n, x in r.items()))
+    return rows
+
+
 def main(argv=None) -> int:
     """Run the benchmark (see the module docstring); returns the exit status."""
     args, categories, methods, batch_sizes = parse_args(argv)
@@ -436,7 +475,8 @@ def main(argv=None) -> int:
         compile_cache.enable()
     log(f"loading {args.model}" + (f" and {args.draft_model}" if args.draft_model else "") + " (jaxspec)")
     model = jaxspec.load(args.model)
-    draft_model = jaxspec.load(args.draft_model) if args.draft_model else None
+    # the draft model in jaxspec only for draft_* methods (hf_assisted reads it in transformers)
+    draft_model = jaxspec.load(args.draft_model) if any(m.kind == "draft" for m in methods) else None
     if draft_model is not None:
         jaxspec.check_pair(model, draft_model)
     tok = model.tokenizer
@@ -464,7 +504,6 @@ def main(argv=None) -> int:
         q["ids"] = tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]), add_bos=False)
         q["seed"] = args.seed + i
     units = batches(questions, batch_sizes)
-    n_calls = sum(len([m for m in methods if not m.is_hf or u["batch_size"] == 1]) for u in units)
     log(f"{len(questions)} questions, {len(units)} batches, methods {[m.name for m in methods]}, batch sizes "
         f"{batch_sizes}, {args.max_new_tokens} new tokens, temperature {args.temperature}")
 
@@ -474,32 +513,12 @@ def main(argv=None) -> int:
         runner = hf_runner if method.is_hf else jax_runner
         return runner(method, ids, args.max_new_tokens, args.temperature, seeds)
 
-    rows = []
-    with tqdm(total=n_calls, desc="spec_bench", unit="call", file=sys.stderr, dynamic_ncols=True) as bar:
-        for b in batch_sizes:  # warm-up: compile every method's program for this batch size, untimed
-            unit = next(u for u in units if u["batch_size"] == b)
-            for m in methods:
-                if not m.is_hf or b == 1:
-                    bar.set_postfix_str(f"warm-up b={b} {m.name}")
-                    t0 = time.perf_counter()
-                    call(m, unit)
-                    log(f"warm-up batch {b} {m.name}: {time.perf_counter() - t0:.1f}s")
-        for ui, unit in enumerate(units):
-            todo = [m for m in methods if not m.is_hf or unit["batch_size"] == 1]
-            order = todo[ui % len(todo):] + todo[:ui % len(todo)]  # rotate: no method always first
-            load1 = os.getloadavg()[0]
-            runs = {}
-            for m in order:
-                bar.set_postfix_str(f"b={unit['batch_size']} {unit['category']} {m.name}")
-                runs[m.name] = call(m, unit)
-                bar.update(1)
-            rows.append(report.unit_row(unit, [m.name for m in order], runs, load1, tok))
-            for q, a in zip(unit["questions"], rows[-1].get("hf_plain_vs_plain", [])):
-                if not a["identical"] and args.temperature == 0:  # where the two engines part, and by how much
-                    a["hf_logits_at_first_diff"] = hf_runner.top2_at(q["ids"], runs["plain"].tokens[0][:a["first_diff"]])
-            r = rows[-1]["methods"]
-            log(f"b={unit['batch_size']} {unit['category']} {[q['id'] for q in unit['questions']]} load {load1:.1f}: "
-                + ", ".join(f"{n} {x['tokens_per_s']:.1f} tok/s ({x['speedup_vs_plain']:.2f}x)" for n, x in r.items()))
+    try:
+        rows = run_all(units, methods, batch_sizes, call, tok, hf_runner, args.temperature, log)
+    finally:  # main() may run again in this process (tests): do not leave our handler behind
+        logging.getLogger("py.warnings").removeHandler(hf_log)
+        if hf_runner is not None:
+            transformers.logging.get_logger().removeHandler(hf_log)
 
     total_s = time.perf_counter() - t_start
     names = [m.name for m in methods]
@@ -512,6 +531,8 @@ def main(argv=None) -> int:
         "per_category": args.per_category, "categories": list(dict.fromkeys(q["category"] for q in questions)),
         "questions_file": os.path.abspath(args.questions), "questions": len(questions),
         "ngram": {"max_n": args.ngram_max, "min_n": args.ngram_min},
+        "method_params": {m.name: {k: v for k, v in dataclasses.asdict(m).items() if v is not None and k != "name"}
+                          for m in methods},  # hf_prompt_lookup: gamma = prompt_lookup_num_tokens
         "drafters": {m.name: repr(jax_runner.drafter(m)) for m in methods if not m.is_hf and m.kind != "plain"},
         "hf_attn_implementation": hf_runner.attn if hf_runner else None,
         "torch_threads": args.torch_threads if hf_runner else None, "omp_wait_policy": omp,
