@@ -132,3 +132,18 @@ def test_method_names():
     for bad in ("ngram_x4", "plain_g4", "medusa"):
         with pytest.raises(ValueError, match="method"):
             spec_bench.parse_method(bad)
+
+
+def test_drafters_of_method_names():
+    """Each jaxspec method name builds the drafter it says (no compile: construction only)."""
+    import jaxspec
+    from conftest import DRAFT, TARGET
+
+    def build(name):
+        return spec_bench.make_drafter(spec_bench.parse_method(name), TARGET, DRAFT, ngram_max=3, ngram_min=2)
+
+    assert build("plain") is None
+    assert build("ngram_g4_b2") == jaxspec.NGramDrafter(gamma=4, max_n=3, min_n=2, branches=2)
+    assert build("draft_g3_n6_k2") == jaxspec.ModelDrafter(DRAFT, gamma=3, tree_nodes=6, branching=2)
+    assert build("early_exit_l1_g2") == jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=2)
+    assert build("early_exit_g2").n_layers == 1  # default: a quarter of the target's blocks, at least 1
