@@ -60,7 +60,7 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_cpu import machine_info, versions  # noqa: E402
+from bench_env import machine_info, versions  # noqa: E402
 
 GOALS = {"pass_vs_floor": 1.15, "verify_vs_decode": 1.05, "plain_vs_hf": 1.5}
 
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: --taus: each tau must be in [1, gamma + 1] = [1, {args.gamma + 1}], got {tau:g}")
 
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.6")  # room for torch's copy of the model
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch on a shared CPU (benchmarks/bench_cpu.py)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch on a shared CPU (benchmarks/bench_env.py)
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")  # CPU cannot donate
     import jax
     import jax.numpy as jnp
