@@ -15,13 +15,14 @@ Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail pe
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter
+from jaxspec.drafters import EarlyExitDrafter, LookaheadDrafter, ModelDrafter, NGramDrafter
 from jaxspec.metrics import Metrics
 from jaxspec.sharding import make_mesh, shard_params
 
 __all__ = [
     "EarlyExitDrafter",
     "GenerationResult",
+    "LookaheadDrafter",
     "Metrics",
     "Model",
     "check_pair",

@@ -22,7 +22,7 @@ import sys
 
 from jaxspec import compile_cache
 
-DRAFTERS = ("ngram", "early-exit", "model", "none")
+DRAFTERS = ("ngram", "early-exit", "model", "lookahead", "none")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,6 +46,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
     g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
+    la = g.add_argument_group("lookahead decoding (--drafter lookahead; Fu et al. 2024): a step verifies "
+                              "1 + (window + guesses) x (ngram - 1) tokens")
+    la.add_argument("--window", type=int, default=5, metavar="W", help="Jacobi window columns (default: 5)")
+    la.add_argument("--ngram", type=int, default=4, metavar="N",
+                    help="n-gram size: N - 1 Jacobi levels, candidates of N - 1 tokens (default: 4)")
+    la.add_argument("--guesses", type=int, default=5, metavar="G", help="candidates verified per step (default: 5)")
+    la.add_argument("--pool-size", type=int, default=512, metavar="Q", help="n-gram pool slots, LRU (default: 512)")
     g.add_argument("--mesh", metavar="DATAxMODEL", default=None,
                    help="run on a device mesh, e.g. 1x8: batch rows over DATA devices, the target tensor-parallel "
                         "over MODEL devices (DATA*MODEL = all devices; multi-host: python -m jaxspec.launch)")
@@ -110,11 +117,25 @@ def _read_prompts(args) -> list[str]:
     return [args.prompt]
 
 
+def _lookahead(args):
+    """The ``--drafter lookahead`` drafter; a bad setting exits naming its flag and range."""
+    import jaxspec
+
+    try:
+        return jaxspec.LookaheadDrafter(window=args.window, ngram=args.ngram, guesses=args.guesses,
+                                        pool_size=args.pool_size)
+    except ValueError as e:
+        flag = str(e).split(" ")[0].replace("_", "-")
+        raise SystemExit(f"error: --{flag}: {e}")
+
+
 def _make_drafter(args, model, load):
     import jaxspec
 
     if args.drafter == "none":
         return None, None
+    if args.drafter == "lookahead":
+        return _lookahead(args), None
     if args.gamma < 1:
         raise SystemExit(f"error: --gamma must be >= 1 with a drafter, got {args.gamma}")
     if args.tree_nodes < 0:
@@ -201,6 +222,8 @@ def _generate(args) -> int:
     prompts = _read_prompts(args)
     sampling = _sampling(args)
     mesh = _mesh(args)
+    if args.drafter == "lookahead":
+        _lookahead(args)  # bad settings exit before the model loads
     cache_dir = compile_cache.enable() if args.compile_cache else None
     try:
         with console.status(f"loading {args.model}"):
