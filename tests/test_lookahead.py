@@ -181,6 +181,24 @@ def test_greedy_lookahead_equals_plain(tiny, tok, shape, batch):
     assert (spec_stop.tokens, spec_stop.texts) == (plain_stop.tokens, plain_stop.texts)
 
 
+def test_lookahead_logprobs_min_new_tokens_and_stop_ids_equal_plain(tiny):
+    """The other settings along the accepted path, as for every tree drafter: logprobs of the
+    emitted tokens (and their top alternatives) equal plain decoding's, ``min_new_tokens``
+    suppresses a stop id the same way, a stop id ends the row at the same token. Tolerance
+    1e-5: a wide and a 1-token float32 pass differ by a few ulps in the logits."""
+    d = jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2, pool_size=32)
+    free = _gen(tiny, tiny.prompts)
+    stop_id = free.tokens[0][3]  # row 0's 4th token: min_new_tokens 6 suppresses it there
+    kw = dict(logprobs=2, stop_token_ids=[stop_id], min_new_tokens=6)
+    plain, spec = _gen(tiny, tiny.prompts, **kw), _gen(tiny, tiny.prompts, d, **kw)
+    assert spec.tokens == plain.tokens and spec.finish_reasons == plain.finish_reasons
+    assert plain.tokens[0][3] != stop_id and spec.metrics.accepted.sum() > 0
+    for a, b in zip(spec.logprobs, plain.logprobs):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    for a, b in zip(spec.top_logprobs, plain.top_logprobs):
+        assert [[i for i, _ in alts] for alts in a] == [[i for i, _ in alts] for alts in b]
+
+
 def test_lookahead_is_one_program_without_host_calls(tiny, inputs_factory):
     """The pool, the window and the candidates live in the loop state: the generation lowers
     to one ``stablehlo.while`` with no host callback, send/recv, infeed or outfeed."""
