@@ -52,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--ngram", type=int, default=4, metavar="N",
                     help="n-gram size: N - 1 Jacobi levels, candidates of N - 1 tokens (default: 4)")
     la.add_argument("--guesses", type=int, default=5, metavar="G", help="candidates verified per step (default: 5)")
-    la.add_argument("--pool-size", type=int, default=512, metavar="Q", help="n-gram pool slots, LRU (default: 512)")
+    la.add_argument("--pool-size", type=int, default=4096, metavar="Q", help="n-gram pool slots, LRU (default: 4096)")
     g.add_argument("--mesh", metavar="DATAxMODEL", default=None,
                    help="run on a device mesh, e.g. 1x8: batch rows over DATA devices, the target tensor-parallel "
                         "over MODEL devices (DATA*MODEL = all devices; multi-host: python -m jaxspec.launch)")

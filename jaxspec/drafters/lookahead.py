@@ -130,8 +130,12 @@ def pool_insert(pool: jax.Array, seen: jax.Array, clock: jax.Array, items: jax.A
         seen = jnp.maximum(seen, jnp.max(jnp.where(hit, stamp[:, None], -1), axis=0))
         new = last & ~jnp.any(hit, axis=1)
     rank = jnp.cumsum(new[::-1])[::-1] - 1  # 0 for the most recent new n-gram
-    order = jnp.arange(q) if empty else jnp.argsort(seen, stable=True)  # least recently seen first (empty: -1)
-    slot = jnp.where(new & (rank < q), order[jnp.clip(rank, 0, q - 1)], q)
+    if empty:
+        order, k = jnp.arange(q), q
+    else:  # the k least recently seen slots (empty ones, seen -1, first): no sort of the pool
+        k = min(m, q)
+        order = jax.lax.top_k(-seen, k)[1]
+    slot = jnp.where(new & (rank < k), order[jnp.clip(rank, 0, k - 1)], q)
     pool = pool.at[slot].set(items, mode="drop")
     seen = seen.at[slot].set(stamp, mode="drop")
     return pool, seen, clock + m
@@ -155,7 +159,10 @@ class LookaheadDrafter:
       ngram: N, n-gram size: levels kept = N - 1, candidate depth = N - 1, in [2, 16].
       guesses: G, most candidates verified per step, in [1, 64].
       pool_size: n-gram slots per row, in [window + ngram + 1, 65536] (one step offers
-        ``window + ngram + 1`` n-grams), and >= guesses.
+        ``window + ngram + 1`` n-grams), and >= guesses. The default, 4096, holds the
+        n-grams of a prompt of a few thousand tokens plus ~200 steps of new ones: LRU evicts
+        the oldest first, i.e. the start of the prompt, which a rewrite copies first. A
+        step's pool work is O(pool_size x ngram) compares.
 
     Per step the target verifies ``1 + (window + guesses) * (ngram - 1)`` tokens (``n_nodes``
     + the root): the lookahead branch's W (N - 1) and the candidates' G (N - 1) node slots.
@@ -167,7 +174,7 @@ class LookaheadDrafter:
     window: int = 5
     ngram: int = 4
     guesses: int = 5
-    pool_size: int = 512
+    pool_size: int = 4096
     capabilities = Capabilities()  # class attribute, not a field: never abstains (the window always runs)
 
     def __post_init__(self):
