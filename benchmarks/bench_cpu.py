@@ -19,6 +19,7 @@ Methods, all on the *same* prompt token ids (jaxspec's tokenizer; transformers g
   jax_early_exit     jaxspec.EarlyExitDrafter(cfg, n_layers=8, gamma=3)
   jax_ngram_tree_b{2,4}g4, _b2g10  NGramDrafter(gamma, branches): tries of the 2 or 4 best matches
   jax_early_exit_tree EarlyExitDrafter(cfg, 8, gamma=3, tree_nodes=8, branching=2) (EAGLE-2 tree)
+  jax_lookahead_w5n4g5, _w3n3g2  jaxspec.LookaheadDrafter(window, ngram, guesses): 31- and 11-token verifies
   hf_plain           model.generate(do_sample=False)
   hf_prompt_lookup   model.generate(do_sample=False, prompt_lookup_num_tokens=10)
 
@@ -86,7 +87,7 @@ CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction"
 QUICK_CATEGORIES = ("writing", "coding", "math_reasoning")
 ALL_METHODS = ("jax_plain", "jax_ngram_g4", "jax_ngram_g6", "jax_ngram_g8", "jax_ngram_g10", "jax_early_exit",
                "jax_ngram_tree_b2g4", "jax_ngram_tree_b4g4", "jax_ngram_tree_b2g10", "jax_early_exit_tree",
-               "hf_plain", "hf_prompt_lookup")
+               "jax_lookahead_w5n4g5", "jax_lookahead_w3n3g2", "hf_plain", "hf_prompt_lookup")
 BASE = "jax_plain"
 
 
@@ -287,6 +288,9 @@ def main(argv=None) -> int:
                                                      branches=2),
         "jax_early_exit_tree": jaxspec.EarlyExitDrafter(model.config, n_layers=args.early_exit_layers,
                                                         gamma=args.early_exit_gamma, tree_nodes=8, branching=2),
+        # lookahead decoding (issue 12): the defaults, and a verify small enough for a compute-bound CPU
+        "jax_lookahead_w5n4g5": jaxspec.LookaheadDrafter(window=5, ngram=4, guesses=5),
+        "jax_lookahead_w3n3g2": jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2),
     }
     n_new = args.max_new_tokens
     eos = list(model.config.eos_ids)
