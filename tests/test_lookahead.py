@@ -239,16 +239,22 @@ def test_window_larger_than_the_cache_is_refused_before_compile(tiny):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--window", "0"], r"--window: window must be an integer in \[1, 64\]"),
-    (["--ngram", "1"], r"--ngram: ngram must be an integer in \[2, 16\]"),
-    (["--guesses", "65"], r"--guesses: guesses must be an integer in \[1, 64\]"),
+    (["--drafter", "lookahead", "--window", "0"], r"--window: window must be an integer in \[1, 64\]"),
+    (["--drafter", "lookahead", "--ngram", "1"], r"--ngram: ngram must be an integer in \[2, 16\]"),
+    (["--drafter", "lookahead", "--guesses", "65"], r"--guesses: guesses must be an integer in \[1, 64\]"),
+    (["--drafter", "lookahead", "--pool-size", "3"], r"--pool-size: pool_size must be an integer in \[10, 65536\]"),
+    (["--drafter", "lookahead", "--gamma", "8"], r"--gamma does not apply to --drafter lookahead: its depth is --ngram"),
+    (["--drafter", "lookahead", "--tree-nodes", "8"], r"--tree-nodes does not apply to --drafter lookahead"),
+    (["--drafter", "ngram", "--window", "3", "--guesses", "2"],
+     r"--window, --guesses apply to --drafter lookahead only, not --drafter ngram"),
 ])
 def test_cli_refuses_bad_lookahead_flags_before_loading(flags, message, monkeypatch):
+    """A bad value, or a flag that would be ignored, exits naming the flag, before any load."""
     from jaxspec import cli
 
     monkeypatch.setattr(jaxspec, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(SystemExit, match=message):
-        cli.main(["generate", "hi", "--drafter", "lookahead", "--no-compile-cache", *flags])
+        cli.main(["generate", "hi", "--no-compile-cache", *flags])
 
 
 def test_cli_builds_the_lookahead_drafter():
@@ -258,6 +264,8 @@ def test_cli_builds_the_lookahead_drafter():
                                      "--guesses", "2", "--pool-size", "64"])
     drafter, params = cli._make_drafter(args, None, None)
     assert (drafter, params) == (jaxspec.LookaheadDrafter(window=3, ngram=5, guesses=2, pool_size=64), None)
+    args = cli._parser().parse_args(["generate", "hi", "--drafter", "lookahead"])
+    assert cli._make_drafter(args, None, None) == (jaxspec.LookaheadDrafter(), None)  # the class's defaults
 
 
 # ------------------------------------------------------------------ sampling: exactly the target's distribution
