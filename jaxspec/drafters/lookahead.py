@@ -106,6 +106,18 @@ def _same(a: jax.Array, b: jax.Array) -> jax.Array:
     return eq
 
 
+def _last_copies(items: jax.Array, ok: jax.Array) -> jax.Array:
+    """bool ``[U]``: the counted items whose n-gram does not occur again later among the
+    counted items of ``items [U, n]``. By one sort (counted first, then by n-gram, then by
+    position), not pairwise: a long prompt's n-grams would need a ``[U, U]`` table."""
+    m, n = items.shape
+    order = jnp.lexsort((jnp.arange(m),) + tuple(items[:, k] for k in reversed(range(n))) + (~ok,))
+    ranked, counted = items[order], ok[order]
+    next_same = jnp.all(ranked[1:] == ranked[:-1], axis=1) & counted[1:]
+    last = counted & ~jnp.concatenate([next_same, jnp.zeros((1,), bool)])
+    return jnp.zeros((m,), bool).at[order].set(last)
+
+
 def pool_insert(pool: jax.Array, seen: jax.Array, clock: jax.Array, items: jax.Array, ok: jax.Array,
                 empty: bool = False):
     """One row's pool after seeing ``items`` in order (the replacement policy of the module
@@ -122,8 +134,7 @@ def pool_insert(pool: jax.Array, seen: jax.Array, clock: jax.Array, items: jax.A
     m, q = items.shape[0], pool.shape[0]
     j = jnp.arange(m)
     stamp = clock + j
-    later_copy = _same(items, items) & ok[None, :] & (j[None, :] > j[:, None])
-    last = ok & ~jnp.any(later_copy, axis=1)  # the last copy of each n-gram of this update
+    last = _last_copies(items, ok)  # the last copy of each n-gram of this update
     new = last
     if not empty:
         hit = _same(items, pool) & (seen >= 0)[None, :] & last[:, None]  # [U, Q]
