@@ -134,7 +134,8 @@ def _lookahead(args):
             raise SystemExit(f"error: {_flag(name)} does not apply to --drafter lookahead: its depth is --ngram - 1 "
                              "and its node budget (--window + --guesses) x (--ngram - 1)")
     try:
-        return jaxspec.LookaheadDrafter(**{k: getattr(args, k) for k in LOOKAHEAD_FLAGS if getattr(args, k) is not None})
+        given = {k: getattr(args, k) for k in LOOKAHEAD_FLAGS if getattr(args, k) is not None}
+        return jaxspec.LookaheadDrafter(**given)
     except ValueError as e:
         raise SystemExit(f"error: {_flag(str(e).split(' ')[0])}: {e}")
 
