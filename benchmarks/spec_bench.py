@@ -15,6 +15,8 @@ nodes, tree branching, early-exit layers):
   ngram_g4, ngram_g4_b2      NGramDrafter(gamma=4[, branches=2]): prompt-lookup chain / trie of 2 matches
   draft_g4, draft_g4_n8_k2   ModelDrafter(--draft-model's config, gamma=4[, tree_nodes=8, branching=2])
   early_exit_l8_g3[_n8_k2]   EarlyExitDrafter(target config, n_layers=8, gamma=3[, tree ...])
+  lookahead_w5_n4_g5         LookaheadDrafter(window=5, ngram=4, guesses=5): for this kind _w, _n, _g are
+                             the paper's W, N, G (Fu et al. 2024)
   hf_plain                   transformers model.generate (greedy or sampled like ours)
   hf_prompt_lookup[_g10]     generate(prompt_lookup_num_tokens=10 (default --prompt-lookup-num-tokens))
   hf_assisted[_g4]           generate(assistant_model=--draft-model; _g4: num_assistant_tokens=4,
@@ -87,8 +89,8 @@ CODE_PROMPT = os.path.join(HERE, "prompts", "code_rewrite.txt")
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "rag")
 BASE = "plain"
-KINDS = ("plain", "ngram", "draft", "early_exit", "hf_plain", "hf_prompt_lookup", "hf_assisted")
-_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnkl]\d+)*)$")
+KINDS = ("plain", "ngram", "draft", "early_exit", "lookahead", "hf_plain", "hf_prompt_lookup", "hf_assisted")
+_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklw]\d+)*)$")
 
 
 # ----------------------------------------------------------------------------- questions
@@ -133,7 +135,8 @@ class Method:
     Attributes:
       name: as given on the command line; kind: one of ``KINDS``.
       gamma, branches, tree_nodes, branching, layers: the name's ``_g``, ``_b``, ``_n``,
-        ``_k``, ``_l`` numbers (None where absent).
+        ``_k``, ``_l`` numbers (None where absent); for ``lookahead`` the ``_w``, ``_n``,
+        ``_g`` numbers are window, ngram, guesses instead.
     """
 
     name: str
@@ -143,6 +146,9 @@ class Method:
     tree_nodes: int | None = None
     branching: int | None = None
     layers: int | None = None
+    window: int | None = None
+    ngram: int | None = None
+    guesses: int | None = None
 
     @property
     def is_hf(self) -> bool:
@@ -167,10 +173,15 @@ def parse_method(name: str) -> Method:
         raise ValueError(f"unknown method {name!r}: a kind ({', '.join(KINDS)}) then optional _g<gamma> _b<branches> "
                          f"_n<tree nodes> _k<branching> _l<early-exit layers>, e.g. ngram_g4_b2, draft_g4_n8_k2")
     fields = {"g": "gamma", "b": "branches", "n": "tree_nodes", "k": "branching", "l": "layers"}
-    values = {fields[p[0]]: int(p[1:]) for p in m.group(2).split("_") if p}
+    if m.group(1) == "lookahead":
+        fields = {"w": "window", "n": "ngram", "g": "guesses"}
+    parts = [p for p in m.group(2).split("_") if p]
+    if any(p[0] not in fields for p in parts):
+        raise ValueError(f"method {name!r}: {m.group(1)} takes the letters {', '.join('_' + f for f in fields)}")
+    values = {fields[p[0]]: int(p[1:]) for p in parts}
     allowed = {"plain": set(), "hf_plain": set(), "ngram": {"gamma", "branches"}, "draft": {"gamma", "tree_nodes", "branching"},
                "early_exit": {"gamma", "tree_nodes", "branching", "layers"}, "hf_prompt_lookup": {"gamma"},
-               "hf_assisted": {"gamma"}}[m.group(1)]
+               "hf_assisted": {"gamma"}, "lookahead": {"window", "ngram", "guesses"}}[m.group(1)]
     if set(values) - allowed:
         raise ValueError(f"method {name!r}: {m.group(1)} takes {sorted(allowed) or 'no numbers'}, got {sorted(values)}")
     return Method(name=name, kind=m.group(1), **values)
@@ -192,6 +203,10 @@ def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ng
     if method.kind == "early_exit":
         return jaxspec.EarlyExitDrafter(target_config, n_layers=method.layers or max(1, target_config.n_layers // 4),
                                         gamma=g, **tree)
+    if method.kind == "lookahead":
+        defaults = jaxspec.LookaheadDrafter()
+        return jaxspec.LookaheadDrafter(window=method.window or defaults.window, ngram=method.ngram or defaults.ngram,
+                                        guesses=method.guesses or defaults.guesses)
     raise ValueError(f"{method.name} is not a jaxspec method")
 
 

@@ -15,7 +15,7 @@ Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail pe
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import EarlyExitDrafter, ModelDrafter, NGramDrafter, RepeatDrafter
+from jaxspec.drafters import EarlyExitDrafter, LookaheadDrafter, ModelDrafter, NGramDrafter, RepeatDrafter
 from jaxspec.metrics import Metrics
 from jaxspec.sharding import make_mesh, shard_params
 from jaxspec.synthetic import SyntheticAcceptance
@@ -23,6 +23,7 @@ from jaxspec.synthetic import SyntheticAcceptance
 __all__ = [
     "EarlyExitDrafter",
     "GenerationResult",
+    "LookaheadDrafter",
     "Metrics",
     "Model",
     "check_pair",

@@ -484,7 +484,8 @@ def generate(
         limit = config.max_position if max_len is None else max_len
         if engine.window(drafter) + 1 > limit:
             raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
-                             f"({limit}): lower tree_nodes (or gamma)")
+                             f"({limit}) with {drafter!r}: lower tree_nodes (or gamma); for lookahead, window, ngram "
+                             f"or guesses (nodes = (window + guesses) x (ngram - 1))")
     synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
     plan = None
     if mesh is not None:

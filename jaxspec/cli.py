@@ -28,7 +28,7 @@ import warnings
 
 from jaxspec import compile_cache
 
-DRAFTERS = ("ngram", "early-exit", "model", "repeat", "none")
+DRAFTERS = ("ngram", "early-exit", "model", "lookahead", "repeat", "none")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,9 +43,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="drafting method (default: ngram; repeat: gamma copies of the last token, zero cost, for "
                         "--synthetic-acceptance)")
     g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
-    g.add_argument("--gamma", type=int, default=4,
+    g.add_argument("--gamma", type=int, default=None,
                    help="draft tokens per verify step: a chain's length, a tree's depth (default: 4)")
-    g.add_argument("--tree-nodes", type=int, default=0, metavar="N",
+    g.add_argument("--tree-nodes", type=int, default=None, metavar="N",
                    help="draft a tree of N nodes instead of a chain (0 = chain, default); ngram: N = branches x "
                         "gamma (N must be a multiple of gamma), model/early-exit: EAGLE-2 top-k tree of depth gamma")
     g.add_argument("--branching", type=int, default=4, metavar="K",
@@ -54,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
     g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
+    la = g.add_argument_group("lookahead decoding (--drafter lookahead; Fu et al. 2024): a step verifies "
+                              "1 + (window + guesses) x (ngram - 1) tokens")
+    la.add_argument("--window", type=int, metavar="W", help="Jacobi window columns (default: 5)")
+    la.add_argument("--ngram", type=int, metavar="N",
+                    help="n-gram size: N - 1 Jacobi levels, candidates of N - 1 tokens (default: 4)")
+    la.add_argument("--guesses", type=int, metavar="G", help="candidates verified per step (default: 5)")
+    la.add_argument("--pool-size", type=int, metavar="Q", help="n-gram pool slots, LRU (default: 4096)")
     g.add_argument("--mesh", metavar="DATAxMODEL", default=None,
                    help="run on a device mesh, e.g. 1x8: batch rows over DATA devices, the target tensor-parallel "
                         "over MODEL devices (DATA*MODEL = all devices; multi-host: python -m jaxspec.launch)")
@@ -127,11 +134,50 @@ def _read_prompts(args) -> list[str]:
     return [args.prompt]
 
 
+LOOKAHEAD_FLAGS = ("window", "ngram", "guesses", "pool_size")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _lookahead(args):
+    """The ``--drafter lookahead`` drafter (unset flags: ``LookaheadDrafter``'s defaults); a bad
+    setting, or a flag of the other drafters, exits naming the flag."""
+    import jaxspec
+
+    for name in ("gamma", "tree_nodes", "draft_model"):
+        if getattr(args, name) is not None:
+            raise SystemExit(f"error: {_flag(name)} does not apply to --drafter lookahead: its depth is --ngram - 1 "
+                             "and its node budget (--window + --guesses) x (--ngram - 1)")
+    try:
+        given = {k: getattr(args, k) for k in LOOKAHEAD_FLAGS if getattr(args, k) is not None}
+        return jaxspec.LookaheadDrafter(**given)
+    except ValueError as e:
+        raise SystemExit(f"error: {_flag(str(e).split(' ')[0])}: {e}")
+
+
+def _lookahead_or_none(args):
+    """The lookahead drafter for ``--drafter lookahead``, else None; exits if lookahead flags
+    were given to another drafter (called before the model loads, and again to build it)."""
+    if args.drafter == "lookahead":
+        return _lookahead(args)
+    given = [_flag(k) for k in LOOKAHEAD_FLAGS if getattr(args, k) is not None]
+    if given:
+        raise SystemExit(f"error: {', '.join(given)} apply to --drafter lookahead only, not --drafter {args.drafter}")
+    return None
+
+
 def _make_drafter(args, model, load):
     import jaxspec
 
+    lookahead = _lookahead_or_none(args)
+    if lookahead is not None:
+        return lookahead, None
     if args.drafter == "none":
         return None, None
+    args.gamma = 4 if args.gamma is None else args.gamma
+    args.tree_nodes = 0 if args.tree_nodes is None else args.tree_nodes
     if args.gamma < 1:
         raise SystemExit(f"error: --gamma must be >= 1 with a drafter, got {args.gamma}")
     if args.tree_nodes < 0:
@@ -256,6 +302,7 @@ def _generate(args) -> int:
     if synthetic is not None:
         console.print(f"[bold red]{'!' * 20}\n{synthetic.banner()}\n{'!' * 20}[/bold red]", soft_wrap=True)
     mesh = _mesh(args)
+    _lookahead_or_none(args)  # bad lookahead settings exit before the model loads
     cache_dir = compile_cache.enable() if args.compile_cache else None
     try:
         with console.status(f"loading {args.model}"):

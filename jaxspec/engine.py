@@ -199,6 +199,7 @@ class _Verified:
     captured: tuple  # [B, W, D] per captured layer, along the path
     logprobs: tuple | None  # token_logprobs of the emitted tokens, or None
     n_drafted: jax.Array  # int32 [B]: valid nodes of the verified tree
+    argmax: jax.Array  # int32 [B, W]: the target's argmax after every window entry (Committed.argmax)
 
 
 def _along(x: jax.Array, path: jax.Array) -> jax.Array:
@@ -227,7 +228,8 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     return _Verified(accepted, cache, pad(_along(out.hidden, acc.path)),
                      tuple(pad(_along(c, acc.path)) for c in out.captured),
                      None if lp is None else tuple(pad(x) for x in lp),
-                     jnp.sum(tree.valid[:, 1:], axis=1, dtype=jnp.int32))
+                     jnp.sum(tree.valid[:, 1:], axis=1, dtype=jnp.int32),
+                     pad(jnp.argmax(out.logits, axis=-1).astype(jnp.int32)))
 
 
 def _first_nodes(proposal: Proposal, n: int) -> Proposal:
@@ -264,13 +266,17 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         else:
             v = verify(proposal)
     with jax.named_scope("commit"):
-        n_acc, new = v.accepted.n_accepted, v.accepted.tokens
-        slot = jnp.arange(width)[None]
+        # No valid node is deeper than gamma, so at most gamma + 1 tokens are emitted: the stop
+        # checks (unrolled per token) read only those, however wide the window (a lookahead
+        # window's invalid nodes go deeper).
+        emit = min(gamma + 1, width)
+        n_acc, new = v.accepted.n_accepted, v.accepted.tokens[:, :emit]
+        slot = jnp.arange(emit)[None]
         in_block = slot <= n_acc[:, None]
-        may_stop = in_block & _may_stop(sp, s.history.n_generated, width)
+        may_stop = in_block & _may_stop(sp, s.history.n_generated, emit)
         tails, string_stop = _stop_strings(inputs.stops, s.tail, new, may_stop)
         is_stop = (sp.is_stop(new) | string_stop) & in_block
-        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), width)
+        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), emit)
         room = inputs.max_new_tokens - (s.seq_lens - inputs.prompt_lens)
         n_keep = jnp.minimum(jnp.minimum(n_acc + 1, first_stop + 1), room)
         active = ~s.done
@@ -287,7 +293,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         n_emitted_drafts = jnp.minimum(n_acc, n_keep)
         if drafter is not None:
             committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
-                                  v.captured)
+                                  v.captured, v.argmax)
             drafter_state = drafter.commit(drafter_params, drafter_state, committed)
     return LoopState(
         tokens=tokens,

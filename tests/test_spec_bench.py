@@ -147,3 +147,7 @@ def test_drafters_of_method_names():
     assert build("draft_g3_n6_k2") == jaxspec.ModelDrafter(DRAFT, gamma=3, tree_nodes=6, branching=2)
     assert build("early_exit_l1_g2") == jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=2)
     assert build("early_exit_g2").n_layers == 1  # default: a quarter of the target's blocks, at least 1
+    assert build("lookahead_w3_n3_g2") == jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2)
+    assert build("lookahead") == jaxspec.LookaheadDrafter()  # the drafter's defaults
+    with pytest.raises(ValueError, match="lookahead takes the letters _w, _n, _g"):
+        spec_bench.parse_method("lookahead_b2")

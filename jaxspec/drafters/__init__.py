@@ -1,9 +1,10 @@
-"""Drafters behind one protocol (``base.Drafter``): draft model, early exit, n-gram lookup, and
-the zero-cost ``RepeatDrafter`` (draft tokens for synthetic acceptance)."""
+"""Drafters behind one protocol (``base.Drafter``): draft model, early exit, n-gram lookup,
+lookahead, and the zero-cost ``RepeatDrafter`` (draft tokens for synthetic acceptance)."""
 
 from jaxspec.drafters.base import Drafter
 from jaxspec.drafters.model import EarlyExitDrafter, ModelDrafter
+from jaxspec.drafters.lookahead import LookaheadDrafter
 from jaxspec.drafters.ngram import NGramDrafter
 from jaxspec.drafters.repeat import RepeatDrafter
 
-__all__ = ["Drafter", "EarlyExitDrafter", "ModelDrafter", "NGramDrafter", "RepeatDrafter"]
+__all__ = ["Drafter", "EarlyExitDrafter", "LookaheadDrafter", "ModelDrafter", "NGramDrafter", "RepeatDrafter"]
