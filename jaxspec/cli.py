@@ -176,7 +176,7 @@ def _make_drafter(args, model, load):
         return lookahead, None
     if args.drafter == "none":
         return None, None
-    args.gamma = 4 if args.gamma is None else args.gamma
+    args.gamma = _gamma(args)
     args.tree_nodes = 0 if args.tree_nodes is None else args.tree_nodes
     if args.gamma < 1:
         raise SystemExit(f"error: --gamma must be >= 1 with a drafter, got {args.gamma}")
@@ -217,6 +217,14 @@ def _mesh(args):
         raise SystemExit(f"error: --mesh: {e}")
 
 
+def _gamma(args) -> int:
+    """The drafter's gamma: lookahead's ngram - 1, else --gamma (default 4)."""
+    lookahead = _lookahead_or_none(args)
+    if lookahead is not None:
+        return lookahead.gamma
+    return 4 if args.gamma is None else args.gamma
+
+
 def _synthetic(args):
     """The ``jaxspec.SyntheticAcceptance`` that ``--synthetic-acceptance``/``--synthetic-tau``
     ask for, or None; refused without ``--allow-synthetic-acceptance`` (before any loading)."""
@@ -232,17 +240,19 @@ def _synthetic(args):
                          f"model's): add --allow-synthetic-acceptance to run it, for benchmarks only")
     if args.drafter == "none":
         raise SystemExit(f"error: {flag} needs a drafter to supply drafts (e.g. --drafter repeat), not --drafter none")
+    gamma = _gamma(args)
     try:
         if args.synthetic_tau is not None:
-            return jaxspec.SyntheticAcceptance.from_tau(args.synthetic_tau, args.gamma)
+            return jaxspec.SyntheticAcceptance.from_tau(args.synthetic_tau, gamma)
         try:
             rates = [float(x) for x in args.synthetic_acceptance.split(",")]
         except ValueError:
             raise ValueError(f"expected RATE[,RATE...] (numbers in [0, 1]), got {args.synthetic_acceptance!r}")
         if len(rates) == 1:
-            rates = rates * args.gamma
-        if len(rates) != args.gamma:
-            raise ValueError(f"{len(rates)} rates given but --gamma is {args.gamma}: give one rate, or one per position")
+            rates = rates * gamma
+        if len(rates) != gamma:
+            raise ValueError(f"{len(rates)} rates given but the drafter's gamma is {gamma}: give one rate, or one "
+                             "per position")
         return jaxspec.SyntheticAcceptance(tuple(rates))
     except ValueError as e:
         raise SystemExit(f"error: {flag}: {e}")

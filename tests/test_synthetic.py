@@ -161,7 +161,7 @@ def test_refused_before_compile(tiny, monkeypatch, kw, match):
     (["--synthetic-acceptance", "0.5"], "NOT lossless .* add --allow-synthetic-acceptance"),
     (["--synthetic-tau", "2"], "--synthetic-tau is NOT lossless"),
     (["--synthetic-acceptance", "1.5", "--allow-synthetic-acceptance"], r"rate 1 must be in \[0, 1\], got 1.5"),
-    (["--synthetic-acceptance", "0.5,0.5", "--allow-synthetic-acceptance"], "2 rates given but --gamma is 4"),
+    (["--synthetic-acceptance", "0.5,0.5", "--allow-synthetic-acceptance"], "2 rates given but the drafter.s gamma is 4"),
     (["--synthetic-tau", "6", "--allow-synthetic-acceptance"], r"--synthetic-tau: .*\[1, 5\]"),
     (["--synthetic-tau", "2", "--allow-synthetic-acceptance", "--drafter", "none"], "needs a drafter"),
     (["--synthetic-tau", "2", "--synthetic-acceptance", "0.5", "--allow-synthetic-acceptance"], "not both"),
