@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_cpu import machine_info, versions  # noqa: E402
+from bench_env import machine_info, versions  # noqa: E402
 
 WIDTHS = (1, 2, 5, 9, 17, 33, 65)
 

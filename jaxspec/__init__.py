@@ -16,14 +16,17 @@ from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
 from jaxspec.checkpoints.heads import load_eagle_head, load_medusa_heads
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import EagleDrafter, EarlyExitDrafter, MedusaDrafter, ModelDrafter, NGramDrafter
+from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
+                              NGramDrafter, RepeatDrafter)
 from jaxspec.metrics import Metrics
 from jaxspec.sharding import make_mesh, shard_params
+from jaxspec.synthetic import SyntheticAcceptance
 
 __all__ = [
     "EagleDrafter",
     "EarlyExitDrafter",
     "GenerationResult",
+    "LookaheadDrafter",
     "MedusaDrafter",
     "Metrics",
     "Model",
@@ -31,7 +34,9 @@ __all__ = [
     "ModelConfig",
     "ModelDrafter",
     "NGramDrafter",
+    "RepeatDrafter",
     "SamplingConfig",
+    "SyntheticAcceptance",
     "default_dtype",
     "generate",
     "load",

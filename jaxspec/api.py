@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import engine
+from jaxspec import engine, synthetic
 from jaxspec.config import ModelConfig, SamplingConfig, default_dtype
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.metrics import Metrics
@@ -102,6 +102,8 @@ class GenerationResult:
       top_logprobs: when requested, per sample and token the ``(id, logprob)`` pairs of the
         most probable tokens, most probable first.
       metrics: ``Metrics`` of the call.
+      synthetic: True when the call ran with synthetic acceptance (``jaxspec.synthetic``):
+        the tokens and texts are then NOT the model's output, only its speed is meaningful.
     """
 
     tokens: list[list[int]]
@@ -111,6 +113,7 @@ class GenerationResult:
     stop_reasons: list = dataclasses.field(default_factory=list)
     logprobs: list[list[float]] | None = None
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None
+    synthetic: bool = False
 
     @property
     def text(self) -> str:
@@ -273,8 +276,10 @@ def _buckets(req: Request, window: int, data: int = 1) -> Buckets:
     return Buckets(batch=batch_bucket(len(req.rows), data), prompt_len=p, cache_len=cache_len)
 
 
-def _inputs(req: Request, shapes: Buckets, config: ModelConfig, tokenizer) -> engine.Inputs:
-    """``engine.Inputs`` of a request already padded to ``shapes.batch`` rows."""
+def _inputs(req: Request, shapes: Buckets, config: ModelConfig, tokenizer,
+            synthetic_acceptance: synthetic.SyntheticAcceptance | None = None) -> engine.Inputs:
+    """``engine.Inputs`` of a request already padded to ``shapes.batch`` rows (with synthetic
+    acceptance rates for every row when given)."""
     from jaxspec import stopping
 
     b, sc = len(req.rows), req.sampling
@@ -290,6 +295,7 @@ def _inputs(req: Request, shapes: Buckets, config: ModelConfig, tokenizer) -> en
         sampling=SamplingParams.make(b, stop_ids=stop_ids, **req.settings),
         keys=jax.vmap(jax.random.key)(jnp.asarray(req.seeds % (2**32), dtype=jnp.uint32)),
         stops=stopping.make_tables(list(sc.stop), _token_table(tokenizer if sc.stop else None, config.vocab_size)),
+        synthetic_rates=None if synthetic_acceptance is None else synthetic_acceptance.row_rates(b),
     )
 
 
@@ -386,8 +392,11 @@ def generate(
     drafter_params=None,
     chat: bool = False,
     max_len: int | None = None,
+    allow_long_context: bool = False,
     mesh=None,
     shard_drafter: bool = False,
+    synthetic_acceptance: synthetic.SyntheticAcceptance | None = None,
+    allow_synthetic_acceptance: bool = False,
     **settings,
 ) -> GenerationResult:
     """Generate continuations of one or several prompts, speculatively when given a drafter.
@@ -410,7 +419,11 @@ def generate(
       drafter_params: the draft model's params, or its ``Model`` (then, with a ``Model``
         target, ``jaxspec.check_pair`` also compares the two tokenizers token by token).
       chat: wrap each text prompt in the tokenizer's chat template as a user turn.
-      max_len: longest sequence (prompt + new tokens) allowed; default the model's context.
+      max_len: longest sequence (prompt + new tokens) allowed; default the model's context
+        (``config.max_position``). Larger values are refused unless ``allow_long_context``.
+      allow_long_context: accept a ``max_len`` beyond the model's context, i.e. positions
+        the model was never trained on (vLLM's ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``): output
+        quality past the context is the user's risk. Default False.
       mesh: a ``("data", "model")`` mesh (``jaxspec.make_mesh``): the whole generation runs as
         one program under ``jax.shard_map``, the target tensor-parallel over ``model``, batch
         rows over ``data`` (padded to a multiple of it); same tokens as without a mesh, for
@@ -418,6 +431,13 @@ def generate(
         they already are (place them once, or ``load(..., mesh=)``, to skip the copy).
       shard_drafter: split a ``ModelDrafter``'s weights over ``model`` too (default:
         replicated, it is small).
+      synthetic_acceptance: BENCHMARKS ONLY, NOT LOSSLESS: a ``jaxspec.SyntheticAcceptance``
+        accepts each draft at random with its per-position conditional rate instead of
+        verifying it (the target still runs the full verify window, so costs are real);
+        the emitted tokens are the drafter's, then the target's token after them
+        (``jaxspec.synthetic``). Default None. Every call warns
+        (``SyntheticAcceptanceWarning``) and its result says ``synthetic=True``.
+      allow_synthetic_acceptance: must be True for ``synthetic_acceptance`` to run.
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
         ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\n\n"], n=4, logprobs=5``.
 
@@ -426,10 +446,13 @@ def generate(
 
     Raises:
       ValueError: empty prompt, token id outside the vocabulary, a sampling setting out of
-        range (named, with its range), prompt + ``max_new_tokens`` over ``max_len``, stop
+        range (named, with its range), prompt + ``max_new_tokens`` over ``max_len``, a
+        ``max_len`` beyond the model's context without ``allow_long_context``, stop
         strings without a tokenizer, drafter that does not fit the target (e.g. vocabulary
         mismatch), a mesh whose ``model`` axis does not divide the heads, MLP width or
-        vocabulary. All before anything is compiled.
+        vocabulary; ``synthetic_acceptance`` without ``allow_synthetic_acceptance=True``,
+        without a drafter or with a number of rates other than the drafter's gamma. All
+        before anything is compiled.
       TypeError: an unknown setting.
     """
     unknown = set(settings) - {f.name for f in dataclasses.fields(SamplingConfig)}
@@ -450,6 +473,9 @@ def generate(
             check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
             _PAIRED[pair] = (weakref.ref(model), weakref.ref(drafter_params))
         drafter_params = drafter_params.params
+    if max_len is not None and max_len > config.max_position and not allow_long_context:
+        raise ValueError(f"max_len ({max_len}) exceeds the context of {config.name} ({config.max_position} positions): "
+                         "the model never saw positions past it; pass allow_long_context=True to run them anyway")
     req = _request(prompt, sc, config, tokenizer, chat, max_len)
     if isinstance(drafter, type):
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
@@ -458,7 +484,9 @@ def generate(
         limit = config.max_position if max_len is None else max_len
         if engine.window(drafter) + 1 > limit:
             raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
-                             f"({limit}): lower tree_nodes (or gamma)")
+                             f"({limit}) with {drafter!r}: lower tree_nodes (or gamma); for lookahead, window, ngram "
+                             f"or guesses (nodes = (window + guesses) x (ngram - 1))")
+    synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
     plan = None
     if mesh is not None:
         from jaxspec import sharding
@@ -469,19 +497,23 @@ def generate(
     gamma = draft_window(drafter)
 
     shapes = _buckets(req, engine.window(drafter), 1 if plan is None else plan.data)
-    inputs = _inputs(req.padded(shapes.batch), shapes, config, tokenizer)
+    inputs = _inputs(req.padded(shapes.batch), shapes, config, tokenizer, synthetic_acceptance)
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     if plan is not None:
         params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
     fn = _jitted(config, drafter, shapes.cache_len, lp_spec, plan)
     key = (config, drafter, shapes.cache_len, lp_spec, _signature((params, drafter_params, inputs)))
     key += (plan,) if plan else ()  # mesh=None: the single-device key, unchanged
+    if synthetic_acceptance is not None:
+        synthetic.warn(synthetic_acceptance)
     out, compile_s, run_s = _run(fn, key, params, drafter_params, inputs)
-    return _result(out.rows(len(req.rows)), req, gamma, tokenizer, compile_s, run_s)
+    return _result(out.rows(len(req.rows)), req, gamma, tokenizer, compile_s, run_s, synthetic_acceptance)
 
 
-def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, run_s: float) -> GenerationResult:
-    """``GenerationResult`` of the request's rows from the program's ``Output`` (numpy)."""
+def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, run_s: float,
+            synthetic_acceptance: synthetic.SyntheticAcceptance | None = None) -> GenerationResult:
+    """``GenerationResult`` of the request's rows from the program's ``Output`` (numpy),
+    marked synthetic when ``synthetic_acceptance`` ran."""
     from jaxspec import stopping
 
     sc, lens, seq_lens = req.sampling, req.prompt_lens, out.seq_lens
@@ -496,6 +528,8 @@ def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, 
         gamma=gamma,
         compile_s=compile_s,
         run_s=run_s,
+        synthetic=synthetic_acceptance is not None,
+        synthetic_rates=() if synthetic_acceptance is None else synthetic_acceptance.rates,
     )
     texts, reasons, stop_reasons = None if tokenizer is None else [], [], []
     min_new = req.settings["min_new_tokens"]
@@ -518,4 +552,5 @@ def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, 
         top_logprobs = [[list(zip(ids, lps)) for ids, lps in zip(lp.top_ids[i, s].tolist(), lp.top[i, s].tolist())]
                         for i, s in enumerate(span)]
     return GenerationResult(tokens=tokens, texts=texts, metrics=metrics, finish_reasons=reasons,
-                            stop_reasons=stop_reasons, logprobs=logprobs, top_logprobs=top_logprobs)
+                            stop_reasons=stop_reasons, logprobs=logprobs, top_logprobs=top_logprobs,
+                            synthetic=synthetic_acceptance is not None)

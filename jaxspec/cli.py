@@ -7,6 +7,11 @@ text, tokens, finish and stop reason and logprobs, ``metrics``). ``--compare`` a
 decoding of the same engine and settings on the same prompts and prints the speedup and
 whether outputs match (tokens, text and logprobs; under greedy decoding they must).
 
+``--synthetic-acceptance RATE[,RATE...]`` (or ``--synthetic-tau TAU``) accepts drafts at random
+with the given conditional rates (``jaxspec.synthetic``), to measure speed at a chosen tau
+apart from the drafter's quality. It is NOT lossless: it refuses to run without
+``--allow-synthetic-acceptance``, prints a banner, and marks every result (``"synthetic": true``).
+
 Compiled programs are kept in jax's persistent compilation cache (``jaxspec.compile_cache``:
 ``$JAXSPEC_CACHE/xla`` or ``~/.cache/jaxspec/xla``), so a second run skips the compile; switch
 it off with ``--no-compile-cache`` or ``JAXSPEC_COMPILE_CACHE=0``. Each compile is reported on
@@ -19,10 +24,11 @@ import argparse
 import json
 import statistics
 import sys
+import warnings
 
 from jaxspec import compile_cache
 
-DRAFTERS = ("ngram", "early-exit", "model", "eagle", "medusa", "none")
+DRAFTERS = ("ngram", "early-exit", "model", "eagle", "medusa", "lookahead", "repeat", "none")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="smollm2-135m", help="model name or .gguf path (default: smollm2-135m)")
     g.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="parameter dtype (default: float32 on CPU, bfloat16 on accelerators)")
-    g.add_argument("--drafter", choices=DRAFTERS, default="ngram", help="drafting method (default: ngram)")
+    g.add_argument("--drafter", choices=DRAFTERS, default="ngram",
+                   help="drafting method (default: ngram; repeat: gamma copies of the last token, zero cost, for "
+                        "--synthetic-acceptance)")
     g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
     g.add_argument("--eagle-head", metavar="PATH",
                    help="EAGLE-3 head directory for --drafter eagle (python -m checkpoints_tools train-eagle)")
@@ -41,9 +49,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="Medusa heads directory for --drafter medusa (python -m checkpoints_tools train-medusa)")
     g.add_argument("--medusa-topk", default="", metavar="K1,K2,..",
                    help="--drafter medusa: children per node at each depth, e.g. 3,2,2 (default: a chain of --gamma)")
-    g.add_argument("--gamma", type=int, default=4,
+    g.add_argument("--gamma", type=int, default=None,
                    help="draft tokens per verify step: a chain's length, a tree's depth (default: 4)")
-    g.add_argument("--tree-nodes", type=int, default=0, metavar="N",
+    g.add_argument("--tree-nodes", type=int, default=None, metavar="N",
                    help="draft a tree of N nodes instead of a chain (0 = chain, default); ngram: N = branches x "
                         "gamma (N must be a multiple of gamma), model/early-exit/eagle: EAGLE-2 top-k tree of depth "
                         "gamma")
@@ -53,11 +61,27 @@ def _parser() -> argparse.ArgumentParser:
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
     g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
+    la = g.add_argument_group("lookahead decoding (--drafter lookahead; Fu et al. 2024): a step verifies "
+                              "1 + (window + guesses) x (ngram - 1) tokens")
+    la.add_argument("--window", type=int, metavar="W", help="Jacobi window columns (default: 5)")
+    la.add_argument("--ngram", type=int, metavar="N",
+                    help="n-gram size: N - 1 Jacobi levels, candidates of N - 1 tokens (default: 4)")
+    la.add_argument("--guesses", type=int, metavar="G", help="candidates verified per step (default: 5)")
+    la.add_argument("--pool-size", type=int, metavar="Q", help="n-gram pool slots, LRU (default: 4096)")
     g.add_argument("--mesh", metavar="DATAxMODEL", default=None,
                    help="run on a device mesh, e.g. 1x8: batch rows over DATA devices, the target tensor-parallel "
                         "over MODEL devices (DATA*MODEL = all devices; multi-host: python -m jaxspec.launch)")
     g.add_argument("--shard-drafter", action="store_true",
                    help="with --mesh and --drafter model: split the draft model over MODEL too (default: replicated)")
+    y = g.add_argument_group("synthetic acceptance (benchmarks only: NOT lossless, the output is not the model's)")
+    y.add_argument("--synthetic-acceptance", metavar="RATE[,RATE...]", default=None,
+                   help="accept draft i with conditional probability RATE_i (one RATE: every position; else one per "
+                        "position, --gamma of them) instead of verifying it; needs --allow-synthetic-acceptance")
+    y.add_argument("--synthetic-tau", type=float, metavar="TAU", default=None,
+                   help="as --synthetic-acceptance, with one constant rate giving a mean accepted length of TAU "
+                        "in [1, gamma + 1]")
+    y.add_argument("--allow-synthetic-acceptance", action="store_true",
+                   help="required for --synthetic-acceptance / --synthetic-tau")
     s = g.add_argument_group("sampling (jaxspec.SamplingConfig; speculative output stays exact under each)")
     s.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per sample (default: 128)")
     s.add_argument("--min-new-tokens", type=int, default=0, help="EOS and stops suppressed before this many (default: 0)")
@@ -135,15 +159,58 @@ def _check_head_file(args) -> None:
         raise SystemExit(f"error: {flag}: {e}")
 
 
+LOOKAHEAD_FLAGS = ("window", "ngram", "guesses", "pool_size")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _lookahead(args):
+    """The ``--drafter lookahead`` drafter (unset flags: ``LookaheadDrafter``'s defaults); a bad
+    setting, or a flag of the other drafters, exits naming the flag."""
+    import jaxspec
+
+    for name in ("gamma", "tree_nodes", "draft_model"):
+        if getattr(args, name) is not None:
+            raise SystemExit(f"error: {_flag(name)} does not apply to --drafter lookahead: its depth is --ngram - 1 "
+                             "and its node budget (--window + --guesses) x (--ngram - 1)")
+    try:
+        given = {k: getattr(args, k) for k in LOOKAHEAD_FLAGS if getattr(args, k) is not None}
+        return jaxspec.LookaheadDrafter(**given)
+    except ValueError as e:
+        raise SystemExit(f"error: {_flag(str(e).split(' ')[0])}: {e}")
+
+
+def _lookahead_or_none(args):
+    """The lookahead drafter for ``--drafter lookahead``, else None; exits if lookahead flags
+    were given to another drafter (called before the model loads, and again to build it)."""
+    if args.drafter == "lookahead":
+        return _lookahead(args)
+    given = [_flag(k) for k in LOOKAHEAD_FLAGS if getattr(args, k) is not None]
+    if given:
+        raise SystemExit(f"error: {', '.join(given)} apply to --drafter lookahead only, not --drafter {args.drafter}")
+    return None
+
+
 def _make_drafter(args, model, load):
     import jaxspec
 
+    lookahead = _lookahead_or_none(args)
+    if lookahead is not None:
+        return lookahead, None
     if args.drafter == "none":
         return None, None
+    args.gamma = _gamma(args)
+    args.tree_nodes = 0 if args.tree_nodes is None else args.tree_nodes
     if args.gamma < 1:
         raise SystemExit(f"error: --gamma must be >= 1 with a drafter, got {args.gamma}")
     if args.tree_nodes < 0:
         raise SystemExit(f"error: --tree-nodes must be >= 0 (0 = chain), got {args.tree_nodes}")
+    if args.drafter == "repeat":
+        if args.tree_nodes:
+            raise SystemExit("error: --drafter repeat drafts a chain: --tree-nodes must be 0")
+        return jaxspec.RepeatDrafter(gamma=args.gamma), None
     if args.drafter == "ngram":
         if args.tree_nodes % args.gamma:
             raise SystemExit(f"error: --tree-nodes for ngram must be a multiple of --gamma ({args.gamma}): each "
@@ -181,6 +248,47 @@ def _mesh(args):
         return sharding.make_mesh(*sharding.parse_mesh(args.mesh))
     except ValueError as e:
         raise SystemExit(f"error: --mesh: {e}")
+
+
+def _gamma(args) -> int:
+    """The drafter's gamma: lookahead's ngram - 1, else --gamma (default 4)."""
+    lookahead = _lookahead_or_none(args)
+    if lookahead is not None:
+        return lookahead.gamma
+    return 4 if args.gamma is None else args.gamma
+
+
+def _synthetic(args):
+    """The ``jaxspec.SyntheticAcceptance`` that ``--synthetic-acceptance``/``--synthetic-tau``
+    ask for, or None; refused without ``--allow-synthetic-acceptance`` (before any loading)."""
+    import jaxspec
+
+    if args.synthetic_acceptance is None and args.synthetic_tau is None:
+        return None
+    flag = "--synthetic-acceptance" if args.synthetic_tau is None else "--synthetic-tau"
+    if args.synthetic_acceptance is not None and args.synthetic_tau is not None:
+        raise SystemExit("error: give --synthetic-acceptance or --synthetic-tau, not both")
+    if not args.allow_synthetic_acceptance:
+        raise SystemExit(f"error: {flag} is NOT lossless (drafts are accepted at random, the output is not the "
+                         f"model's): add --allow-synthetic-acceptance to run it, for benchmarks only")
+    if args.drafter == "none":
+        raise SystemExit(f"error: {flag} needs a drafter to supply drafts (e.g. --drafter repeat), not --drafter none")
+    gamma = _gamma(args)
+    try:
+        if args.synthetic_tau is not None:
+            return jaxspec.SyntheticAcceptance.from_tau(args.synthetic_tau, gamma)
+        try:
+            rates = [float(x) for x in args.synthetic_acceptance.split(",")]
+        except ValueError:
+            raise ValueError(f"expected RATE[,RATE...] (numbers in [0, 1]), got {args.synthetic_acceptance!r}")
+        if len(rates) == 1:
+            rates = rates * gamma
+        if len(rates) != gamma:
+            raise ValueError(f"{len(rates)} rates given but the drafter's gamma is {gamma}: give one rate, or one "
+                             "per position")
+        return jaxspec.SyntheticAcceptance(tuple(rates))
+    except ValueError as e:
+        raise SystemExit(f"error: {flag}: {e}")
 
 
 def _sampling(args):
@@ -234,7 +342,11 @@ def _generate(args) -> int:
     prompts = _read_prompts(args)
     sampling = _sampling(args)
     _check_head_file(args)
+    synthetic = _synthetic(args)
+    if synthetic is not None:
+        console.print(f"[bold red]{'!' * 20}\n{synthetic.banner()}\n{'!' * 20}[/bold red]", soft_wrap=True)
     mesh = _mesh(args)
+    _lookahead_or_none(args)  # bad lookahead settings exit before the model loads
     cache_dir = compile_cache.enable() if args.compile_cache else None
     try:
         with console.status(f"loading {args.model}"):
@@ -248,8 +360,13 @@ def _generate(args) -> int:
         msg = f"[{i + 1}/{len(prompts)}] {label}: compiling (first call per prompt-length bucket) and generating"
         hits = compile_cache.hits()
         with console.status(msg):
-            res = jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, sampling=sampling, chat=args.chat,
-                                   mesh=mesh, shard_drafter=args.shard_drafter and d is not None)
+            spec = d is not None and synthetic is not None
+            with warnings.catch_warnings():  # the banner above already says it, once
+                warnings.simplefilter("ignore", jaxspec.synthetic.SyntheticAcceptanceWarning)
+                res = jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, sampling=sampling, chat=args.chat,
+                                       mesh=mesh, shard_drafter=args.shard_drafter and d is not None,
+                                       synthetic_acceptance=synthetic if spec else None,
+                                       allow_synthetic_acceptance=spec)
         if res.metrics.compile_s > 0:
             console.print(_compile_line(label, args, res, compile_cache.hits() - hits, cache_dir), soft_wrap=True)
         return res
@@ -265,9 +382,10 @@ def _generate(args) -> int:
             samples = _samples(res)
             summary = res.metrics.summary()
             record = {"prompt": prompt, "text": samples[0]["text"], "tokens": samples[0]["tokens"],
-                      "samples": samples, "drafter": name,
+                      "samples": samples, "drafter": name, "synthetic": res.synthetic,
                       "metrics": {**{k: summary[k] for k in ("acceptance_rate", "tau", "gamma", "compile_s", "run_s",
-                                                            "tokens_per_s", "new_tokens", "target_forwards")},
+                                                            "tokens_per_s", "new_tokens", "target_forwards",
+                                                            "synthetic", "synthetic_acceptance_rates")},
                                   "rows": [res.metrics.row(j) for j in range(len(res.tokens))]}}
             if args.compare:
                 base = run(prompt, None, None, "plain", i)
@@ -277,7 +395,7 @@ def _generate(args) -> int:
                 gap = _max_logprob_gap(base, res) if res.logprobs is not None and identical else None
                 same.append(identical and (gap is None or gap <= LOGPROB_TOLERANCE))
                 record["compare"] = {"plain_tokens_per_s": base.metrics.tokens_per_s, "speedup": speedups[-1],
-                                     "identical": identical if args.temperature == 0 else None,
+                                     "identical": identical if args.temperature == 0 and not res.synthetic else None,
                                      "logprobs_max_abs_diff": gap}
             if args.json:
                 print(json.dumps(record), flush=True)
@@ -295,11 +413,14 @@ def _generate(args) -> int:
             f"median tau {statistics.median(taus):.2f}, compile {compile_s:.1f} s")
     if args.compare:
         line += f", median speedup {statistics.median(speedups):.2f}x vs plain"
-        line += (f", outputs identical: {sum(same)}/{len(same)} (tokens, text, logprobs within {LOGPROB_TOLERANCE})"
+        line += (", outputs differ by design: SYNTHETIC acceptance is not lossless" if synthetic is not None
+                 else f", outputs identical: {sum(same)}/{len(same)} (tokens, text, logprobs within {LOGPROB_TOLERANCE})"
                  if args.temperature == 0
                  else ", outputs differ by design when sampling (same distribution)")
+    if synthetic is not None:
+        line = f"[bold red]SYNTHETIC ACCEPTANCE (not the model's output)[/bold red] {line}"
     console.print(line, soft_wrap=True)
-    return 0 if (not args.compare or args.temperature != 0 or all(same)) else 1
+    return 0 if (not args.compare or args.temperature != 0 or synthetic is not None or all(same)) else 1
 
 
 def _compile_line(label: str, args, res, hits: int, cache_dir: str | None) -> str:

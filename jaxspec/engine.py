@@ -12,6 +12,8 @@ path plus one replacement/bonus token, the cache keeps only that path in contigu
 completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens`` along the path.
 Rows never wait for each other; finished rows idle until every row is done.
 ``drafter=None`` is plain autoregressive decoding through the same loop (an empty tree).
+For benchmarks only, ``Inputs.synthetic_rates`` swaps the acceptance rule for random
+acceptance at chosen rates (``jaxspec.synthetic``, NOT lossless); nothing else changes.
 
 Sampling settings travel as per-row arrays (``SamplingParams``); the loop carries the
 ``History`` of generated tokens that penalties and ``min_new_tokens`` read, so the token
@@ -30,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxspec import acceptance, cache as cache_lib, models, stopping
+from jaxspec import acceptance, cache as cache_lib, models, stopping, synthetic
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import Committed, Context, Prefill
@@ -70,8 +72,8 @@ class LoopState:
     step: jax.Array  # int32 scalar: loop iterations so far
     n_steps: jax.Array  # int32 [B]: target verify forwards while the row was active
     n_drafted: jax.Array  # int32 [B]: valid draft nodes proposed (a drafter may abstain)
-    n_accepted: jax.Array  # int32 [B]: draft tokens accepted by verification
-    accepted_at: jax.Array  # int32 [B, gamma]: times a draft at depth i + 1 was accepted
+    n_accepted: jax.Array  # int32 [B]: accepted draft tokens that were emitted (not cut by a stop)
+    accepted_at: jax.Array  # int32 [B, gamma]: times an accepted draft at depth i + 1 was emitted
 
 
 @jax.tree_util.register_dataclass
@@ -85,6 +87,9 @@ class Inputs:
     sampling: SamplingParams  # per-row settings, stop ids included
     keys: jax.Array  # [B] PRNG keys
     stops: StopTables  # stop strings (possibly none) and the token byte table
+    # float32 [B, gamma]: conditional acceptance rates of SYNTHETIC acceptance (jaxspec.synthetic,
+    # not lossless), or None (the default: real verification). None vs an array is static.
+    synthetic_rates: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +199,7 @@ class _Verified:
     captured: tuple  # [B, W, D] per captured layer, along the path
     logprobs: tuple | None  # token_logprobs of the emitted tokens, or None
     n_drafted: jax.Array  # int32 [B]: valid nodes of the verified tree
+    argmax: jax.Array  # int32 [B, W]: the target's argmax after every window entry (Committed.argmax)
 
 
 def _along(x: jax.Array, path: jax.Array) -> jax.Array:
@@ -211,7 +217,10 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     mask = models.TreeMask(start, tree.ancestors, positions)
     out = models.forward(target, config, tree.tokens, positions, s.cache, write_at=start, mask=mask, capture=capture)
     p = processed_probs(out.logits, inputs.sampling, s.history, tree)
-    acc = acceptance.accept(fold_rows(keys, 1), p, proposal.q, tree)
+    if inputs.synthetic_rates is None:
+        acc = acceptance.accept(fold_rows(keys, 1), p, proposal.q, tree)
+    else:  # benchmarking only: the same forward and commit, drafts kept at random (NOT lossless)
+        acc = synthetic.accept(fold_rows(keys, 1), p, tree, inputs.synthetic_rates)
     cache = out.cache.keep_path(start, acc.path)
     lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
     pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])) + ((0, 0),) * (x.ndim - 2), mode="edge")  # noqa: E731
@@ -219,7 +228,8 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     return _Verified(accepted, cache, pad(_along(out.hidden, acc.path)),
                      tuple(pad(_along(c, acc.path)) for c in out.captured),
                      None if lp is None else tuple(pad(x) for x in lp),
-                     jnp.sum(tree.valid[:, 1:], axis=1, dtype=jnp.int32))
+                     jnp.sum(tree.valid[:, 1:], axis=1, dtype=jnp.int32),
+                     pad(jnp.argmax(out.logits, axis=-1).astype(jnp.int32)))
 
 
 def _first_nodes(proposal: Proposal, n: int) -> Proposal:
@@ -238,11 +248,13 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         else:
             context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), sp, s.history)
             drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
+            if inputs.synthetic_rates is not None:
+                proposal = synthetic.fill(proposal, root)  # the full window, every step
     width = proposal.n_nodes + 1
     with jax.named_scope("verify"):
         verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
                                    logprobs=logprobs, width=width)
-        if drafter is not None and drafter.capabilities.abstains:
+        if drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None:
             # Verify the shortest prefix of the nodes that holds every active row's valid nodes,
             # among a few static widths: no draft at all is a one-token step, one chain of a
             # tree (the best n-gram match alone) a (gamma + 1)-token one.
@@ -254,13 +266,17 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         else:
             v = verify(proposal)
     with jax.named_scope("commit"):
-        n_acc, new = v.accepted.n_accepted, v.accepted.tokens
-        slot = jnp.arange(width)[None]
+        # No valid node is deeper than gamma, so at most gamma + 1 tokens are emitted: the stop
+        # checks (unrolled per token) read only those, however wide the window (a lookahead
+        # window's invalid nodes go deeper).
+        emit = min(gamma + 1, width)
+        n_acc, new = v.accepted.n_accepted, v.accepted.tokens[:, :emit]
+        slot = jnp.arange(emit)[None]
         in_block = slot <= n_acc[:, None]
-        may_stop = in_block & _may_stop(sp, s.history.n_generated, width)
+        may_stop = in_block & _may_stop(sp, s.history.n_generated, emit)
         tails, string_stop = _stop_strings(inputs.stops, s.tail, new, may_stop)
         is_stop = (sp.is_stop(new) | string_stop) & in_block
-        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), width)
+        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), emit)
         room = inputs.max_new_tokens - (s.seq_lens - inputs.prompt_lens)
         n_keep = jnp.minimum(jnp.minimum(n_acc + 1, first_stop + 1), room)
         active = ~s.done
@@ -271,9 +287,13 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
         tail = jnp.where((n_keep > 0)[:, None], kept_tail, s.tail)
         counted = active.astype(jnp.int32)
+        # Drafts that verification accepted but a stop or max_new_tokens then cut off were
+        # never emitted: the metrics count the emitted ones (n_keep holds the accepted drafts
+        # first, then the replacement/bonus token).
+        n_emitted_drafts = jnp.minimum(n_acc, n_keep)
         if drafter is not None:
             committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
-                                  v.captured)
+                                  v.captured, v.argmax)
             drafter_state = drafter.commit(drafter_params, drafter_state, committed)
     return LoopState(
         tokens=tokens,
@@ -287,8 +307,8 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         step=s.step + 1,
         n_steps=s.n_steps + counted,
         n_drafted=s.n_drafted + v.n_drafted * counted,
-        n_accepted=s.n_accepted + n_acc * counted,
-        accepted_at=s.accepted_at + (jnp.arange(gamma)[None] < n_acc[:, None]) * counted[:, None],
+        n_accepted=s.n_accepted + n_emitted_drafts,
+        accepted_at=s.accepted_at + (jnp.arange(gamma)[None] < n_emitted_drafts[:, None]),
     )
 
 

@@ -1,11 +1,24 @@
 """Speculative-decoding metrics, per row and for the whole call.
 
-Terms (Leviathan et al. 2023, Sec. 3; Spec-Bench, Xia et al. 2024): a *target forward* is one
-verify pass (the prefill counts as one more); *drafted* tokens are proposed, *accepted* ones
-pass verification; the *acceptance rate* at draft position i is the fraction of verify steps
-that accepted draft i; *tau*, the mean accepted length, is tokens emitted per verify step,
-bonus token included (plain decoding has tau = 1; the first token, sampled at prefill, is not
-counted in tau).
+Terms (Leviathan et al. 2023, Sec. 3; Spec-Bench, Xia et al. 2024, Sec. 4.1):
+
+- a *target forward* is one pass of the target: the prefill, which emits the first token,
+  and then one *verify step* per loop iteration in which the row was active;
+- *drafted* tokens are the valid draft nodes proposed to verification; *accepted* tokens are
+  the drafts that verification accepted AND that were emitted: a draft accepted but then cut
+  off by a stop id, a stop string or ``max_new_tokens`` is not counted (it is not in the
+  output);
+- the *acceptance rate* is accepted / drafted; at draft depth i it is the fraction of verify
+  steps that emitted an accepted draft at depth i;
+- *tau*, the mean accepted length (Spec-Bench's "#Mean Accepted Tokens"), is the number of
+  tokens emitted per verify step, bonus/replacement token included: plain decoding has
+  tau = 1. The first token, emitted by the prefill, is not counted, as Spec-Bench starts
+  counting after the prefill. A row that ended at its first token had no verify step; its tau
+  is 1.0 (one token from one target forward, as plain decoding), never NaN.
+
+A call run with synthetic acceptance (``jaxspec.synthetic``: drafts accepted at random,
+NOT lossless) says so in every form its metrics take: ``synthetic``, ``synthetic_rates``,
+and the ``"synthetic"`` key of ``row`` and ``summary``.
 """
 
 from __future__ import annotations
@@ -22,10 +35,14 @@ class Metrics:
     Attributes:
       prompt_tokens, new_tokens: tokens per row, in and out (stop token included).
       target_forwards: verify passes per row plus one prefill.
-      drafted, accepted: draft tokens proposed / accepted per row.
-      accepted_at: int ``[B, gamma]``, verify steps that accepted draft position i.
+      drafted, accepted: draft tokens proposed / accepted and emitted per row.
+      accepted_at: int ``[B, gamma]``, verify steps that emitted an accepted draft at depth
+        i + 1.
       gamma: draft window; compile_s: compile time of this call (0 when cached);
       run_s: time of the compiled program including the one transfer of its results.
+      synthetic: True when drafts were accepted at random (``jaxspec.synthetic``): tau and
+        acceptance rates are then the chosen ones, not the drafter's, and the tokens are not
+        the model's output. synthetic_rates: the conditional rates per position, or ().
     """
 
     prompt_tokens: np.ndarray
@@ -37,6 +54,8 @@ class Metrics:
     gamma: int
     compile_s: float
     run_s: float
+    synthetic: bool = False
+    synthetic_rates: tuple[float, ...] = ()
 
     @property
     def verify_steps(self) -> np.ndarray:
@@ -45,19 +64,21 @@ class Metrics:
 
     @property
     def tau(self) -> float:
-        """Mean accepted length over the batch: loop-emitted tokens / verify steps."""
-        steps = int(self.verify_steps.sum())
-        return float((self.new_tokens - 1).clip(0).sum() / steps) if steps else float("nan")
+        """Mean accepted length over the batch: tokens emitted by verify steps / verify steps
+        (1.0 when no row reached a verify step)."""
+        return _tau(int((self.new_tokens - 1).clip(0).sum()), int(self.verify_steps.sum()))
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted / drafted draft tokens over the batch (nan without a drafter)."""
+        """Accepted (emitted) / drafted draft tokens over the batch; nan when nothing was drafted
+        (plain decoding, or a drafter that abstained at every step)."""
         drafted = int(self.drafted.sum())
         return float(self.accepted.sum() / drafted) if drafted else float("nan")
 
     @property
     def acceptance_rate_per_position(self) -> np.ndarray:
-        """float64 ``[gamma]``: fraction of verify steps accepting draft position i."""
+        """float64 ``[gamma]``: fraction of verify steps that emitted an accepted draft at depth
+        i + 1 (0 without a verify step)."""
         steps = int(self.verify_steps.sum())
         return self.accepted_at.sum(axis=0) / max(steps, 1)
 
@@ -77,12 +98,12 @@ class Metrics:
             "accepted": int(self.accepted[b]),
             "acceptance_rate": float(self.accepted[b] / self.drafted[b]) if self.drafted[b] else None,
             "acceptance_rate_per_position": [float(x) / max(steps, 1) for x in self.accepted_at[b]],
-            "tau": float(max(int(self.new_tokens[b]) - 1, 0) / steps) if steps else None,
+            "tau": _tau(max(int(self.new_tokens[b]) - 1, 0), steps),
+            "synthetic": self.synthetic,
         }
 
     def summary(self) -> dict:
         """Batch totals as a JSON-ready dict."""
-        nan_none = lambda x: None if x != x else x  # noqa: E731
         return {
             "batch": int(self.new_tokens.shape[0]),
             "gamma": self.gamma,
@@ -90,10 +111,22 @@ class Metrics:
             "target_forwards": int(self.target_forwards.sum()),
             "drafted": int(self.drafted.sum()),
             "accepted": int(self.accepted.sum()),
-            "acceptance_rate": nan_none(self.acceptance_rate),
+            "acceptance_rate": _nan_none(self.acceptance_rate),
             "acceptance_rate_per_position": [float(x) for x in self.acceptance_rate_per_position],
-            "tau": nan_none(self.tau),
+            "tau": _nan_none(self.tau),
             "compile_s": self.compile_s,
             "run_s": self.run_s,
-            "tokens_per_s": nan_none(self.tokens_per_s),
+            "tokens_per_s": _nan_none(self.tokens_per_s),
+            "synthetic": self.synthetic,
+            "synthetic_acceptance_rates": list(self.synthetic_rates) if self.synthetic else None,
         }
+
+
+def _tau(emitted: int, steps: int) -> float:
+    """Tokens per verify step; 1.0 without a verify step (the prefill's one token per forward)."""
+    return emitted / steps if steps else 1.0
+
+
+def _nan_none(x: float) -> float | None:
+    """JSON has no NaN: None stands for an undefined rate."""
+    return None if x != x else x

@@ -73,8 +73,10 @@ class Tree:
     """Topology of the verify window ``[root, nodes]`` (W = N + 1 entries).
 
     Attributes:
-      tokens: int32 ``[B, W]``, root token then node tokens (invalid nodes hold the root's
-        token: they are computed but never visible to a valid node nor accepted).
+      tokens: int32 ``[B, W]``, root token then node tokens. Invalid nodes keep the
+        proposal's token when it is a token id (>= 0), else hold the root's: they are computed
+        by the verify forward (a lookahead branch's Jacobi guesses, ``Committed.argmax``) but
+        never visible to a valid node nor accepted.
       parent: int32 ``[B, W]``, window index of each entry's parent (the root's is -1).
       valid: bool ``[B, W]``, the root is valid; a node is valid when it and all its
         ancestors were proposed as valid.
@@ -103,7 +105,8 @@ class Tree:
             valid = valid.at[:, i].set(valid[:, i] & valid[rows, par])
             depth = depth.at[:, i].set(depth[rows, par] + 1)
             ancestors = ancestors.at[:, i].set(ancestors[rows, par].at[:, i].set(True))
-        tokens = jnp.concatenate([root[:, None], jnp.where(valid[:, 1:], proposal.tokens, root[:, None])], axis=1)
+        kept = valid[:, 1:] | (proposal.tokens >= 0)
+        tokens = jnp.concatenate([root[:, None], jnp.where(kept, proposal.tokens, root[:, None])], axis=1)
         return cls(tokens.astype(jnp.int32), parent, valid, depth, ancestors)
 
     @property

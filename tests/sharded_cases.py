@@ -59,7 +59,7 @@ SETTINGS = {4: dict(temperature=[0.0, 0.0, 1.0, 0.7], top_p=[1.0, 1.0, 0.9, 1.0]
 class Case:
     name: str
     mesh: tuple  # (data, model)
-    drafter: str  # plain, ngram, early_exit, model
+    drafter: str  # plain, ngram, early_exit, model, the tree kinds, lookahead
     batch: int  # 1 (run greedy, then sampled: one program) or 4 (greedy and sampled rows mixed)
     shard_drafter: bool = False
     config: jaxspec.ModelConfig = TARGET
@@ -76,7 +76,7 @@ CASES = [Case(f"{d}x{m}-{kind}-b{b}", (d, m), kind, b) for d, m in MESHES for ki
 ] + [  # draft trees (issue 9): batch 4 on 2x4, batch 1 on 1x8, each tree drafter once
     Case("2x4-ngram_tree-b4", (2, 4), "ngram_tree", 4), Case("2x4-model_tree-b4", (2, 4), "model_tree", 4),
     Case("1x8-early_exit_tree-b1", (1, 8), "early_exit_tree", 1),
-]
+] + [Case("2x4-lookahead-b4", (2, 4), "lookahead", 4)]  # issue 12: pool and window per row, over `data`
 MULTI_CASES = ("2x4-ngram-b4", "1x8-plain-b1")  # also run by two processes
 EXPLICIT_CASE = "2x4-ngram-b4"  # rerun on jax.make_mesh's own mesh
 ORBAX_CASE = next(c for c in CASES if c.name == "1x8-plain-b1")  # rerun on params restored from orbax
@@ -97,7 +97,8 @@ def drafter(kind, draft_params):
             "model": (jaxspec.ModelDrafter(TARGET, gamma=3), draft_params),
             "ngram_tree": (jaxspec.NGramDrafter(gamma=2, min_n=1, branches=3), None),
             "early_exit_tree": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3, tree_nodes=6, branching=2), None),
-            "model_tree": (jaxspec.ModelDrafter(TARGET, gamma=3, tree_nodes=8, branching=3), draft_params)}[kind]
+            "model_tree": (jaxspec.ModelDrafter(TARGET, gamma=3, tree_nodes=8, branching=3), draft_params),
+            "lookahead": (jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2, pool_size=32), None)}[kind]
 
 
 def run(params, draft_params, case: Case, mesh=None):

@@ -120,6 +120,19 @@ def test_truncated_gguf(tmp_path):
         jaxspec.load(str(path))
 
 
+def test_gguf_cut_in_half_names_the_tensor(tmp_path):
+    """A GGUF cut in the middle of its tensor data (the header intact) names the file and the
+    first tensor that does not fit, with its byte range (not numpy's "cannot reshape")."""
+    params = models.init_params(CFG, jax.random.key(0))
+    path = tmp_path / "m.gguf"
+    write_gguf(str(path), params, CFG)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"m\.gguf.* is truncated or corrupt: tensor '[\w.]+' needs bytes \[\d+, \d+\) "
+                                         r"but the file has \d+ bytes"):
+        jaxspec.load(str(path))
+
+
 def test_orbax_dir_from_another_model(tmp_path):
     """params of model B under model A's manifest: the error names the directory and the tensor."""
     other = jaxspec.ModelConfig(**{**CFG.__dict__, "ffn_dim": 40, "name": "tiny-b"})

@@ -48,6 +48,15 @@ def test_prompt_plus_new_tokens_over_context(params):
         jaxspec.generate(params, [[5] * 30], config=CFG, max_new_tokens=21, max_len=50)
 
 
+def test_max_len_beyond_the_models_context(params, monkeypatch):
+    """A max_len past the model's 128 positions is refused unless explicitly allowed (as
+    vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN); allowed, the request reaches compilation."""
+    with pytest.raises(ValueError, match=r"max_len \(200\) exceeds the context of .* \(128 positions\).*allow_long_context"):
+        jaxspec.generate(params, [[5] * 100], config=CFG, max_new_tokens=50, max_len=200)
+    with pytest.raises(AssertionError, match="reached compilation"):
+        jaxspec.generate(params, [[5] * 100], config=CFG, max_new_tokens=50, max_len=200, allow_long_context=True)
+
+
 @pytest.mark.parametrize("value", [0, -3])
 def test_max_new_tokens_below_one(params, value):
     with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):

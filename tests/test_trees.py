@@ -15,11 +15,17 @@ PINNED = json.load(open(os.path.join(os.path.dirname(__file__), "data", "pinned_
 @pytest.mark.parametrize("case", PINNED, ids=lambda c: f"{c['kind']}-g{c['gamma']}-{'-'.join(c['settings']) or 'greedy'}")
 def test_chains_give_the_pinned_tokens(tiny, case):
     """The tokens (and drafted/accepted counts) of the chain engine before trees (commit
-    b0ce9ac, ``tests/pin_chains.py``) for the same keys: a chain is the special case."""
+    b0ce9ac, ``tests/pin_chains.py``) for the same keys: a chain is the special case.
+
+    The pinned accepted counts are verification's (drafts accepted, emitted or not); since
+    issue 10 part 7 the metric counts only emitted drafts, so a row may report fewer: at most
+    the drafts of its last window, which max_new_tokens or a stop cut (all other windows
+    emit every accepted draft)."""
     out = tiny.generate(tiny.prompts, case["kind"], case["gamma"], **case["settings"])
     assert out.tokens == case["tokens"]
-    assert out.metrics.accepted.tolist() == case["accepted"]
     assert out.metrics.drafted.tolist() == case["drafted"]
+    cut = np.asarray(case["accepted"]) - out.metrics.accepted
+    assert np.all((cut >= 0) & (cut <= case["gamma"])), (out.metrics.accepted, case["accepted"])
 
 
 # ------------------------------------------------------------------ greedy trees == plain decoding

@@ -55,7 +55,9 @@ def _open_reader(path: str | os.PathLike):
     if size < 24:
         raise ValueError(f"{path!r} is not a valid GGUF file: only {size} bytes (truncated or empty)")
     try:
-        reader = gguf.GGUFReader(path, "r")
+        reader = _checked_reader(gguf)(path, "r")
+    except _TensorOutOfFile as e:
+        raise ValueError(f"{path!r} is truncated or corrupt: {e}") from None
     except PermissionError as e:
         raise PermissionError(f"cannot read GGUF file {path!r}: {e}") from e
     except Exception as e:  # gguf raises ValueError/KeyError/IndexError/UnicodeError on bad bytes
@@ -69,6 +71,31 @@ def _open_reader(path: str | os.PathLike):
                 f"[{t.data_offset}, {end}) but the file has {size} bytes"
             )
     return reader
+
+
+class _TensorOutOfFile(Exception):
+    """A tensor's data range ends past the end of the file (message names the tensor)."""
+
+
+def _checked_reader(gguf):
+    """``gguf.GGUFReader`` that checks each tensor's byte range against the file size before
+    the reader slices and reshapes its data: a file cut in the middle of the tensor data then
+    names the first tensor that does not fit, instead of numpy's "cannot reshape array"."""
+
+    class CheckedReader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            size = len(self.data)
+            for field in fields:
+                _, name, _, dims, raw_dtype, offset = field.parts
+                block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(raw_dtype[0]))]
+                begin = int(start_offs + offset[0])
+                end = begin + int(np.prod(dims)) * type_size // block
+                if end > size:
+                    raise _TensorOutOfFile(f"tensor {bytes(name).decode('utf-8', 'replace')!r} needs bytes "
+                                           f"[{begin}, {end}) but the file has {size} bytes")
+            return super()._build_tensors(start_offs, fields)
+
+    return CheckedReader
 
 
 def _field_value(field) -> Any:

@@ -11,7 +11,9 @@ engine owns the token buffer, the target and its cache; drafters know nothing of
   ``n_nodes`` nodes, a chain being the special case) from the text so far (``Context``);
 - ``commit(params, state, committed)`` receives what verification kept (``Committed``): the
   accepted path's window indices, the emitted tokens and the target's hidden states along
-  the path (what EAGLE and Medusa heads feed on), after the engine advanced ``seq_lens``.
+  the path (what EAGLE and Medusa heads feed on), after the engine advanced ``seq_lens``;
+  and the target's most probable next token after EVERY window entry, accepted or not (what
+  Jacobi / lookahead decoding feeds on).
 
 What a drafter can do is declared, not guessed: ``capabilities`` (``Capabilities``).
 
@@ -105,7 +107,15 @@ class Committed:
         root, then the accepted nodes;
       start: int32 ``[B]``, the cache slot of the root (the window's first slot);
       hidden: ``[B, W, D]``, the target's final hidden states along ``path``;
-      captured: tuple of ``[B, W, D]`` along ``path``, one per ``Capabilities.capture`` layer.
+      captured: tuple of ``[B, W, D]`` along ``path``, one per ``Capabilities.capture`` layer;
+      argmax: int32 ``[B, W]``, the target's most probable next token (argmax of its raw
+        logits, before any sampling setting) after each window entry, in window order: entry
+        0 the root, entry k node k - 1, whether the node was valid, accepted or neither. It is
+        one Jacobi iteration over the whole window (Santilli et al. 2023; Fu et al. 2024,
+        "Lookahead Decoding", Sec. 3.1): what a lookahead branch of invalid nodes, computed in
+        the verify forward and never accepted, feeds on (``jaxspec.drafters.lookahead``).
+        Where the engine verified fewer entries than W (an abstaining drafter's short step),
+        the last verified entry's value is repeated.
     """
 
     tokens: jax.Array
@@ -115,6 +125,7 @@ class Committed:
     start: jax.Array
     hidden: jax.Array
     captured: tuple
+    argmax: jax.Array
 
 
 class Drafter(Protocol):
@@ -145,6 +156,27 @@ class Drafter(Protocol):
 
     def commit(self, params: Any, state: Any, committed: Committed) -> Any:
         """State after verification kept ``committed``."""
+
+
+class Stateless:
+    """The protocol methods of a drafter with no weights and no state (n-gram lookup, repeat):
+    a mixin, so such a drafter writes only ``propose``."""
+
+    def select_params(self, target_params: Any, drafter_params: Any) -> None:
+        """None: no weights."""
+        return None
+
+    def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
+        """Nothing to check: any target fits."""
+        return None
+
+    def init(self, params: Any, prefill: Prefill, max_len: int) -> None:
+        """None: no state."""
+        return None
+
+    def commit(self, params: Any, state: Any, committed: Committed) -> Any:
+        """The state unchanged."""
+        return state
 
 
 def check_gamma(gamma: int) -> None:

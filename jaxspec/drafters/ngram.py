@@ -32,8 +32,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxspec.config import ModelConfig
-from jaxspec.drafters.base import Capabilities, check_gamma, check_int
+from jaxspec.drafters.base import Capabilities, Stateless, check_gamma, check_int
 from jaxspec.tree import Proposal
 
 MAX_NGRAM = 16  # the lookup unrolls over n-gram sizes: compile time grows ~quadratically
@@ -99,7 +98,7 @@ def merge_branches(branches: jax.Array, found: jax.Array):
 
 
 @dataclasses.dataclass(frozen=True)
-class NGramDrafter:
+class NGramDrafter(Stateless):
     """Prompt-lookup drafter.
 
     Attributes:
@@ -133,15 +132,6 @@ class NGramDrafter:
         """N = branches * gamma."""
         return self.branches * self.gamma
 
-    def select_params(self, target_params, drafter_params):
-        return None
-
-    def validate(self, target_config: ModelConfig, drafter_params) -> None:
-        return None
-
-    def init(self, params, prefill, max_len):
-        return None
-
     def _draft_row(self, row, n):
         starts = match_starts(row, n, self.branches, self.max_n, self.min_n)
         conts = jax.vmap(lambda st: continuation(row, n, st, self.gamma))(starts)
@@ -150,6 +140,3 @@ class NGramDrafter:
     def propose(self, params, state, context):
         tokens, parents, valid = jax.vmap(self._draft_row)(context.tokens, context.seq_lens)
         return state, Proposal(tokens, parents, valid, None)
-
-    def commit(self, params, state, committed):
-        return state

@@ -1,0 +1,575 @@
+"""Spec-Bench on jaxspec, side by side with Hugging Face transformers on the same weights.
+
+What it runs
+------------
+The first ``--per-category`` questions of every category (first turn only) of Spec-Bench's
+``question.jsonl`` (default ``<repo>/../shared/benchmarks/spec_bench/question.jsonl``,
+``--questions`` overrides; ``--code-prompt`` adds the ~700-token code rewrite of
+``benchmarks/prompts/code_rewrite.txt`` as a category ``code_rewrite``), each wrapped in the
+model's chat template (user turn + generation prompt) and tokenized ONCE by jaxspec's
+tokenizer: every method gets the same token ids. Methods (``--methods``, comma-separated;
+a name, then ``_g``/``_b``/``_n``/``_k``/``_l`` + a number for gamma, n-gram branches, tree
+nodes, tree branching, early-exit layers):
+
+  plain                      jaxspec.generate(drafter=None): the baseline every speedup divides by
+  ngram_g4, ngram_g4_b2      NGramDrafter(gamma=4[, branches=2]): prompt-lookup chain / trie of 2 matches
+  draft_g4, draft_g4_n8_k2   ModelDrafter(--draft-model's config, gamma=4[, tree_nodes=8, branching=2])
+  early_exit_l8_g3[_n8_k2]   EarlyExitDrafter(target config, n_layers=8, gamma=3[, tree ...])
+  lookahead_w5_n4_g5         LookaheadDrafter(window=5, ngram=4, guesses=5): for this kind _w, _n, _g are
+                             the paper's W, N, G (Fu et al. 2024)
+  hf_plain                   transformers model.generate (greedy or sampled like ours)
+  hf_prompt_lookup[_g10]     generate(prompt_lookup_num_tokens=10 (default --prompt-lookup-num-tokens))
+  hf_assisted[_g4]           generate(assistant_model=--draft-model; _g4: num_assistant_tokens=4,
+                             schedule "constant"; without it transformers' own defaults)
+
+``--model`` and ``--draft-model`` take a packaged name (``smollm2-135m``, ``qwen2.5-coder-1.5b``,
+``qwen2.5-coder-0.5b``, ...), a ``.gguf`` file or a Hugging Face directory; transformers reads
+the same file (a GGUF with ``gguf_file=``, its own dequantization, float32), so both engines
+run the same weights.
+
+Batches: ``--batch-sizes 1,2,4`` groups each category's questions into consecutive batches of
+that many prompts; jaxspec runs them as one call (rows of different lengths). transformers'
+assisted generation and prompt lookup take one sequence, so the hf_* methods run at batch 1
+only. Sampling: ``--temperature T > 0`` samples (question i uses seed ``--seed + i`` in
+every method and batch size; torch is seeded the same way), else greedy.
+
+Timing and interleaving: every method is timed as the wall time (``time.perf_counter``) of
+its one generate call, token ids in -> token ids out; compile time is excluded (each method
+is warmed up once per batch size; a jaxspec call that compiled a new shape bucket is
+repeated and the repeat timed). Methods run interleaved per batch (all methods on batch 1,
+then all on batch 2, ...; the order rotates from batch to batch) so machine load hits them
+alike. The 1-minute load average is recorded per batch.
+
+Metrics (per category, per batch size; definitions in ``spec_bench_report``): speedup over
+our plain decoding (median over batches of the per-batch ratio of tokens/s, which is the
+wall-time ratio when both emit the same tokens, as greedy decoding guarantees), Spec-Bench's
+mean accepted tokens, jaxspec's tau, acceptance rate per draft position, output identity with
+our plain decoding (greedy), and transformers' greedy outputs vs ours (token agreement:
+reported, not asserted; float32 op order differs).
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/spec_bench.py --model smollm2-135m --per-category 1 \\
+        --max-new-tokens 64 --methods plain,ngram_g4,hf_plain,hf_prompt_lookup
+    PYTHONPATH=. python benchmarks/spec_bench.py --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \\
+        --methods plain,draft_g4,ngram_g4,hf_plain,hf_assisted_g4 --batch-sizes 1,2,4
+
+Writes ``<out>.json`` (machine, versions, command, settings, per-batch rows, summaries),
+``<out>.md`` (the tables) and ``<out>_tau.png``, ``<out>_acceptance.png``,
+``<out>_speedup_batch.png``; ``--out`` defaults to
+``benchmarks/results/spec_bench_<model>_<date>``. A progress bar (tqdm) runs on stderr.
+
+Many methods x shape buckets compile many programs in one process; XLA:CPU maps ~1,000 memory
+regions per program, past Linux's default vm.max_map_count (65,530), after which LLVM fails with
+"Unable to allocate section memory" (seen 2026-12-01 after ~60 programs). Raise it first (root):
+``sysctl -w vm.max_map_count=262144``; the script warns when it is lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import logging
+import os
+import re
+import sys
+import time
+import warnings
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import bench_env  # noqa: E402
+import spec_bench_report as report  # noqa: E402
+
+QUESTIONS = os.path.join(ROOT, "..", "shared", "benchmarks", "spec_bench", "question.jsonl")
+CODE_PROMPT = os.path.join(HERE, "prompts", "code_rewrite.txt")
+CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+              "translation", "summarization", "qa", "math_reasoning", "rag")
+BASE = "plain"
+KINDS = ("plain", "ngram", "draft", "early_exit", "lookahead", "hf_plain", "hf_prompt_lookup", "hf_assisted")
+_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklw]\d+)*)$")
+
+
+# ----------------------------------------------------------------------------- questions
+
+def load_questions(path: str, per_category: int, categories=None, code_prompt: bool = False) -> list[dict]:
+    """The first ``per_category`` questions of each category, in file order, first turn only
+    (Spec-Bench's MT-bench rows have a second turn that needs the first answer; it is left
+    out). ``categories``: which, in that order (default: every category of the file, in order
+    of first appearance). Returns ``[{"id", "question_id", "category", "text"}]`` grouped by
+    category, then the code-rewrite prompt (category ``code_rewrite``) when asked.
+
+    Raises:
+      SystemExit: a category asked for has no question in the file.
+    """
+    picked: dict[str, list] = {}
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line) if line.strip() else None
+            if row is None:
+                continue
+            qs = picked.setdefault(row["category"], [])
+            if len(qs) < per_category:
+                qs.append({"id": f"{row['category']}-{row['question_id']}", "question_id": row["question_id"],
+                           "category": row["category"], "text": row["turns"][0]})
+    wanted = [c for c in (categories or picked) if c != "code_rewrite"]
+    missing = [c for c in wanted if c not in picked]
+    if missing:
+        raise SystemExit(f"error: no questions of categories {missing} in {path}")
+    out = [q for c in wanted for q in picked[c]]
+    if code_prompt or (categories and "code_rewrite" in categories):
+        with open(CODE_PROMPT) as f:
+            out.append({"id": "code_rewrite", "question_id": None, "category": "code_rewrite", "text": f.read()})
+    return out
+
+
+# ----------------------------------------------------------------------------- methods
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """One method of the run, parsed from its name (see the module docstring).
+
+    Attributes:
+      name: as given on the command line; kind: one of ``KINDS``.
+      gamma, branches, tree_nodes, branching, layers: the name's ``_g``, ``_b``, ``_n``,
+        ``_k``, ``_l`` numbers (None where absent); for ``lookahead`` the ``_w``, ``_n``,
+        ``_g`` numbers are window, ngram, guesses instead.
+    """
+
+    name: str
+    kind: str
+    gamma: int | None = None
+    branches: int | None = None
+    tree_nodes: int | None = None
+    branching: int | None = None
+    layers: int | None = None
+    window: int | None = None
+    ngram: int | None = None
+    guesses: int | None = None
+
+    @property
+    def is_hf(self) -> bool:
+        """Run by transformers (batch 1 only)."""
+        return self.kind.startswith("hf_")
+
+    @property
+    def needs_draft_model(self) -> bool:
+        """Needs ``--draft-model``."""
+        return self.kind in ("draft", "hf_assisted")
+
+
+def parse_method(name: str) -> Method:
+    """``Method`` of a name such as ``ngram_g4_b2``.
+
+    Raises:
+      ValueError: not a known kind followed by ``_g``/``_b``/``_n``/``_k``/``_l`` numbers, or
+        a number the kind does not take (the message lists the grammar).
+    """
+    m = _METHOD.match(name)
+    if not m:
+        raise ValueError(f"unknown method {name!r}: a kind ({', '.join(KINDS)}) then optional _g<gamma> _b<branches> "
+                         f"_n<tree nodes> _k<branching> _l<early-exit layers>, e.g. ngram_g4_b2, draft_g4_n8_k2")
+    fields = {"g": "gamma", "b": "branches", "n": "tree_nodes", "k": "branching", "l": "layers"}
+    if m.group(1) == "lookahead":
+        fields = {"w": "window", "n": "ngram", "g": "guesses"}
+    parts = [p for p in m.group(2).split("_") if p]
+    if any(p[0] not in fields for p in parts):
+        raise ValueError(f"method {name!r}: {m.group(1)} takes the letters {', '.join('_' + f for f in fields)}")
+    values = {fields[p[0]]: int(p[1:]) for p in parts}
+    allowed = {"plain": set(), "hf_plain": set(), "ngram": {"gamma", "branches"}, "draft": {"gamma", "tree_nodes", "branching"},
+               "early_exit": {"gamma", "tree_nodes", "branching", "layers"}, "hf_prompt_lookup": {"gamma"},
+               "hf_assisted": {"gamma"}, "lookahead": {"window", "ngram", "guesses"}}[m.group(1)]
+    if set(values) - allowed:
+        raise ValueError(f"method {name!r}: {m.group(1)} takes {sorted(allowed) or 'no numbers'}, got {sorted(values)}")
+    return Method(name=name, kind=m.group(1), **values)
+
+
+def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ngram_min: int):
+    """The ``jaxspec.drafters`` object of a jaxspec method (None for ``plain``); defaults:
+    gamma 4, a chain, branching 4, early exit after a quarter of the target's blocks."""
+    import jaxspec
+
+    g = method.gamma or 4
+    tree = dict(tree_nodes=method.tree_nodes or 0, branching=method.branching or 4)
+    if method.kind == "plain":
+        return None
+    if method.kind == "ngram":
+        return jaxspec.NGramDrafter(gamma=g, max_n=ngram_max, min_n=ngram_min, branches=method.branches or 1)
+    if method.kind == "draft":
+        return jaxspec.ModelDrafter(draft_config, gamma=g, **tree)
+    if method.kind == "early_exit":
+        return jaxspec.EarlyExitDrafter(target_config, n_layers=method.layers or max(1, target_config.n_layers // 4),
+                                        gamma=g, **tree)
+    if method.kind == "lookahead":
+        defaults = jaxspec.LookaheadDrafter()
+        return jaxspec.LookaheadDrafter(window=method.window or defaults.window, ngram=method.ngram or defaults.ngram,
+                                        guesses=method.guesses or defaults.guesses)
+    raise ValueError(f"{method.name} is not a jaxspec method")
+
+
+# ----------------------------------------------------------------------------- runners
+
+@dataclasses.dataclass
+class Run:
+    """One timed generate call over a batch of R prompts.
+
+    Attributes:
+      tokens: per row, the generated ids (stop token included).
+      seconds: wall time of the call (compile excluded).
+      target_forwards: per row, target forward passes (prefill included), or None.
+      drafted, accepted: per row, draft tokens proposed / accepted (jaxspec drafters only).
+      accepted_at: per row, verify steps that accepted draft position i (jaxspec drafters).
+      extra: anything else worth keeping (jaxspec run_s and compile_s, transformers' warnings).
+    """
+
+    tokens: list[list[int]]
+    seconds: float
+    target_forwards: list[int] | None = None
+    drafted: list[int] | None = None
+    accepted: list[int] | None = None
+    accepted_at: list[list[int]] | None = None
+    extra: dict = dataclasses.field(default_factory=dict)
+
+
+class JaxRunner:
+    """jaxspec's methods on one target (and, for ``draft_*``, one draft model)."""
+
+    def __init__(self, model, draft_model, ngram_max: int, ngram_min: int):
+        self.model, self.draft_model = model, draft_model
+        self._drafters: dict = {}
+        self._ngram = (ngram_max, ngram_min)
+
+    def drafter(self, method: Method):
+        """The (cached) drafter object of ``method``: one object per method, so one compiled
+        program per method and shape bucket."""
+        if method.name not in self._drafters:
+            dcfg = None if self.draft_model is None else self.draft_model.config
+            self._drafters[method.name] = make_drafter(method, self.model.config, dcfg, *self._ngram)
+        return self._drafters[method.name]
+
+    def __call__(self, method: Method, ids: list[list[int]], max_new: int, temperature: float, seeds: list[int]) -> Run:
+        import jaxspec
+
+        d = self.drafter(method)
+        kw = dict(drafter=d, max_new_tokens=max_new, temperature=temperature, seed=seeds)
+        if method.kind == "draft":
+            kw["drafter_params"] = self.draft_model
+        compile_s = 0.0
+        for _ in range(3):  # a call that compiled a new shape bucket is repeated: time the repeat
+            t0 = time.perf_counter()
+            res = jaxspec.generate(self.model, ids, **kw)
+            sec = time.perf_counter() - t0
+            if res.metrics.compile_s == 0.0:
+                break
+            compile_s += res.metrics.compile_s
+        m = res.metrics
+        spec = d is not None
+        return Run(tokens=res.tokens, seconds=sec, target_forwards=m.target_forwards.tolist(),
+                   drafted=m.drafted.tolist() if spec else None, accepted=m.accepted.tolist() if spec else None,
+                   accepted_at=m.accepted_at.tolist() if spec else None,
+                   extra={"run_s": m.run_s, "compile_s": compile_s})
+
+
+class HFRunner:
+    """transformers' methods on the same weights, batch 1. Target forwards are counted with a
+    forward pre-hook on the target model (prefill included; the assistant's are counted apart)."""
+
+    def __init__(self, target_source: str, draft_source: str | None, eos: list[int], log: bench_env.CollectWarnings):
+        import torch
+
+        self.torch = torch
+        self.model = load_hf(target_source)
+        self.assistant = load_hf(draft_source) if draft_source else None
+        self.eos, self.log = eos, log
+        self.forwards = {"target": 0, "assistant": 0}
+        self.model.register_forward_pre_hook(self._counter("target"))
+        if self.assistant is not None:
+            self.assistant.register_forward_pre_hook(self._counter("assistant"))
+        self.attn = getattr(self.model.config, "_attn_implementation", None)
+        gc = None if self.assistant is None else self.assistant.generation_config
+        self._assistant_defaults = None if gc is None else (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule)
+
+    def _counter(self, which: str):
+        def count(module, args):
+            self.forwards[which] += 1
+        return count
+
+    def __call__(self, method: Method, ids: list[list[int]], max_new: int, temperature: float, seeds: list[int]) -> Run:
+        torch = self.torch
+        assert len(ids) == 1, "transformers' methods run at batch 1"
+        x = torch.tensor(ids, dtype=torch.long)
+        kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new, eos_token_id=self.eos,
+                  pad_token_id=self.eos[0], do_sample=temperature > 0)
+        if temperature > 0:
+            kw.update(temperature=temperature, top_k=0, top_p=1.0)
+            torch.manual_seed(seeds[0])
+        if method.kind == "hf_prompt_lookup":
+            kw["prompt_lookup_num_tokens"] = method.gamma
+        elif method.kind == "hf_assisted":
+            kw["assistant_model"] = self.assistant
+            gc = self.assistant.generation_config  # transformers reads these from the assistant's config
+            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = (
+                (method.gamma, "constant") if method.gamma else self._assistant_defaults)
+        n_warn = len(self.log.messages)
+        self.forwards.update(target=0, assistant=0)
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = self.model.generate(x, **kw)
+            sec = time.perf_counter() - t0
+        extra = {"warnings": self.log.messages[n_warn:] or None}
+        if method.kind == "hf_assisted":
+            extra["assistant_forwards"] = self.forwards["assistant"]
+        return Run(tokens=[out[0, len(ids[0]):].tolist()], seconds=sec, target_forwards=[self.forwards["target"]],
+                   extra=extra)
+
+
+    def top2_at(self, ids: list[int], prefix: list[int]) -> dict:
+        """transformers' two most probable next tokens after ``ids + prefix``: where its greedy
+        output and ours part, a small gap says the two float32 computations split a near-tie."""
+        torch = self.torch
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([ids + prefix], dtype=torch.long)).logits[0, -1].float()
+        v, i = torch.topk(logits, 2)
+        return {"top2_ids": i.tolist(), "top2_logits": [float(a) for a in v], "gap": float(v[0] - v[1])}
+
+
+def gguf_or_dir(name_or_path: str) -> str:
+    """The file or directory behind a ``--model`` value: a packaged name's GGUF (assembled on
+    first use), else the path itself."""
+    from jaxspec.checkpoints.packaged import MODELS, gguf_path
+
+    return gguf_path(name_or_path) if name_or_path in MODELS else os.path.abspath(name_or_path)
+
+
+def load_hf(name_or_path: str):
+    """transformers' float32 model of a packaged name, a ``.gguf`` (``gguf_file=``: its own
+    dequantization) or a Hugging Face directory, in eval mode."""
+    import torch
+    import transformers
+
+    path = gguf_or_dir(name_or_path)
+    if path.endswith(".gguf"):
+        kw = dict(gguf_file=os.path.basename(path))
+        path = os.path.dirname(path)
+    else:
+        kw = {}
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kw).eval()
+
+
+# ----------------------------------------------------------------------------- main
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="packaged name, .gguf or HF directory")
+    ap.add_argument("--draft-model", default=None, help="draft model for draft_* and hf_assisted (same forms)")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated (see above); default plain,ngram_g4,ngram_g4_b2 (+draft_g4 with --draft-model),"
+                         "hf_plain,hf_prompt_lookup (+hf_assisted_g4 with --draft-model)")
+    ap.add_argument("--questions", default=QUESTIONS, help="Spec-Bench question.jsonl")
+    ap.add_argument("--categories", default=None,
+                    help=f"comma-separated, e.g. {','.join(CATEGORIES)} (default: every category of the file)")
+    ap.add_argument("--per-category", type=int, default=2, help="questions per category (default 2)")
+    ap.add_argument("--code-prompt", action="store_true", help="add the code-rewrite prompt as category code_rewrite")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,2,4 (hf_* run at 1 only)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    ap.add_argument("--seed", type=int, default=0, help="question i samples with seed + i")
+    ap.add_argument("--ngram-max", type=int, default=3)
+    ap.add_argument("--ngram-min", type=int, default=2)
+    ap.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="hf_prompt_lookup without _g (default 10)")
+    ap.add_argument("--torch-threads", type=int, default=os.cpu_count())
+    ap.add_argument("--omp-wait-policy", choices=("PASSIVE", "ACTIVE", "unset"), default=None,
+                    help="OMP_WAIT_POLICY for torch's OpenMP (default: the environment's, else PASSIVE)")
+    ap.add_argument("--no-compile-cache", action="store_true", help="do not use jaxspec's persistent compile cache")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--out", default=None, help="output path stem (default benchmarks/results/spec_bench_<model>_<date>)")
+    args = ap.parse_args(argv)
+    categories = tuple(args.categories.split(",")) if args.categories else None
+    if args.methods is None:
+        draft = args.draft_model is not None
+        args.methods = ",".join(["plain", "ngram_g4", "ngram_g4_b2"] + ["draft_g4"] * draft + ["hf_plain", "hf_prompt_lookup"]
+                                + ["hf_assisted_g4"] * draft)
+    try:
+        methods = [parse_method(m) for m in dict.fromkeys(args.methods.split(",")) if m]
+    except ValueError as e:
+        ap.error(str(e))
+    methods = [parse_method(BASE)] * (BASE not in [m.name for m in methods]) + methods
+    methods = [dataclasses.replace(m, gamma=args.prompt_lookup_num_tokens)
+               if m.kind == "hf_prompt_lookup" and m.gamma is None else m for m in methods]
+    if any(m.needs_draft_model for m in methods) and args.draft_model is None:
+        ap.error(f"methods {[m.name for m in methods if m.needs_draft_model]} need --draft-model")
+    batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
+    if batch_sizes[0] < 1 or args.per_category < 1 or args.max_new_tokens < 1:
+        ap.error("--batch-sizes, --per-category and --max-new-tokens must be >= 1")
+    return args, categories, methods, batch_sizes
+
+
+def batches(questions: list[dict], batch_sizes: list[int]) -> list[dict]:
+    """The units of the run: for each batch size, each category's questions in consecutive
+    groups of that size (the last one may be smaller); ``{"batch_size", "category", "questions"}``."""
+    units = []
+    for b in batch_sizes:
+        for c in dict.fromkeys(q["category"] for q in questions):
+            qs = [q for q in questions if q["category"] == c]
+            units += [{"batch_size": b, "category": c, "questions": qs[i:i + b]} for i in range(0, len(qs), b)]
+    return units
+
+
+def run_all(units: list[dict], methods: list[Method], batch_sizes: list[int], call, tok, hf_runner, temperature: float,
+            log) -> list[dict]:
+    """Warm up every method once per batch size (compiles, untimed), then run every batch
+    with all its methods in a rotating order, under a tqdm bar; returns the JSON rows
+    (``spec_bench_report.unit_row``). ``call(method, unit) -> Run``."""
+    from tqdm import tqdm
+
+    rows = []
+    n_calls = sum(len([m for m in methods if not m.is_hf or u["batch_size"] == 1]) for u in units)
+    with tqdm(total=n_calls, desc="spec_bench", unit="call", file=sys.stderr, dynamic_ncols=True) as bar:
+        for b in batch_sizes:  # warm-up: compile every method's program for this batch size, untimed
+            unit = next(u for u in units if u["batch_size"] == b)
+            for m in methods:
+                if not m.is_hf or b == 1:
+                    bar.set_postfix_str(f"warm-up b={b} {m.name}")
+                    t0 = time.perf_counter()
+                    call(m, unit)
+                    log(f"warm-up batch {b} {m.name}: {time.perf_counter() - t0:.1f}s")
+        for ui, unit in enumerate(units):
+            todo = [m for m in methods if not m.is_hf or unit["batch_size"] == 1]
+            order = todo[ui % len(todo):] + todo[:ui % len(todo)]  # rotate: no method always first
+            load1 = os.getloadavg()[0]
+            runs = {}
+            for m in order:
+                bar.set_postfix_str(f"b={unit['batch_size']} {unit['category']} {m.name}")
+                runs[m.name] = call(m, unit)
+                bar.update(1)
+            rows.append(report.unit_row(unit, [m.name for m in order], runs, load1, tok))
+            for q, a in zip(unit["questions"], rows[-1].get("hf_plain_vs_plain", [])):
+                if not a["identical"] and temperature == 0:  # where the two engines part, and by how much
+                    a["hf_logits_at_first_diff"] = hf_runner.top2_at(q["ids"], runs["plain"].tokens[0][:a["first_diff"]])
+            r = rows[-1]["methods"]
+            log(f"b={unit['batch_size']} {unit['category']} {[q['id'] for q in unit['questions']]} load {load1:.1f}: "
+                + ", ".join(f"{n} {x['tokens_per_s']:.1f} tok/s ({x['speedup_vs_plain']:.2f}x)" for n, x in r.items()))
+    return rows
+
+
+def main(argv=None) -> int:
+    """Run the benchmark (see the module docstring); returns the exit status."""
+    args, categories, methods, batch_sizes = parse_args(argv)
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            if int(f.read()) < 200_000:
+                print("warning: vm.max_map_count < 200000: a long run may die compiling (see the docstring)",
+                      file=sys.stderr)
+    except OSError:
+        pass
+    started = _dt.datetime.now(_dt.timezone.utc)
+    t_start = time.perf_counter()
+    model_tag = re.sub(r"[^A-Za-z0-9.]+", "-", os.path.basename(args.model.rstrip("/")).removesuffix(".gguf"))
+    stem = args.out or os.path.join(HERE, "results", f"spec_bench_{model_tag}_{started:%Y-%m-%d}")
+    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
+    has_hf = any(m.is_hf for m in methods)
+
+    hf_log = bench_env.CollectWarnings()
+    omp = bench_env.set_omp_wait_policy(args.omp_wait_policy) if has_hf else os.environ.get("OMP_WAIT_POLICY")
+    from tqdm import tqdm
+
+    def log(msg):
+        tqdm.write(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", file=sys.stderr)
+
+    import jax
+
+    import jaxspec
+
+    if not args.no_compile_cache:
+        from jaxspec import compile_cache
+
+        compile_cache.enable()
+    log(f"loading {args.model}" + (f" and {args.draft_model}" if args.draft_model else "") + " (jaxspec)")
+    model = jaxspec.load(args.model)
+    # the draft model in jaxspec only for draft_* methods (hf_assisted reads it in transformers)
+    draft_model = jaxspec.load(args.draft_model) if any(m.kind == "draft" for m in methods) else None
+    if draft_model is not None:
+        jaxspec.check_pair(model, draft_model)
+    tok = model.tokenizer
+    if tok is None:
+        raise SystemExit(f"error: {args.model} has no tokenizer: the questions are text")
+    jax_runner = JaxRunner(model, draft_model, args.ngram_max, args.ngram_min)
+    hf_runner = None
+    if has_hf:
+        import torch
+        import transformers
+
+        warnings.simplefilter("default")
+        logging.captureWarnings(True)
+        logging.getLogger("py.warnings").addHandler(hf_log)
+        transformers.logging.set_verbosity_warning()
+        transformers.logging.disable_progress_bar()
+        transformers.logging.get_logger().addHandler(hf_log)
+        torch.set_num_threads(args.torch_threads)
+        log("loading the same weights in transformers (float32)")
+        hf_runner = HFRunner(args.model, args.draft_model if any(m.kind == "hf_assisted" for m in methods) else None,
+                             list(model.config.eos_ids), hf_log)
+
+    questions = load_questions(args.questions, args.per_category, categories, args.code_prompt)
+    for i, q in enumerate(questions):
+        q["ids"] = tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]), add_bos=False)
+        q["seed"] = args.seed + i
+    units = batches(questions, batch_sizes)
+    log(f"{len(questions)} questions, {len(units)} batches, methods {[m.name for m in methods]}, batch sizes "
+        f"{batch_sizes}, {args.max_new_tokens} new tokens, temperature {args.temperature}")
+
+    def call(method, unit):
+        ids = [q["ids"] for q in unit["questions"]]
+        seeds = [q["seed"] for q in unit["questions"]]
+        runner = hf_runner if method.is_hf else jax_runner
+        return runner(method, ids, args.max_new_tokens, args.temperature, seeds)
+
+    try:
+        rows = run_all(units, methods, batch_sizes, call, tok, hf_runner, args.temperature, log)
+    finally:  # main() may run again in this process (tests): do not leave our handler behind
+        logging.getLogger("py.warnings").removeHandler(hf_log)
+        if hf_runner is not None:
+            transformers.logging.get_logger().removeHandler(hf_log)
+
+    total_s = time.perf_counter() - t_start
+    names = [m.name for m in methods]
+    summary = report.summarize(rows, names, batch_sizes, greedy=args.temperature == 0)
+    settings = {
+        "model": args.model, "model_file": gguf_or_dir(args.model), "draft_model": args.draft_model,
+        "model_config": model.config.name, "dtype": str(jax.tree_util.tree_leaves(model.params)[0].dtype),
+        "backend": jax.default_backend(), "methods": names, "batch_sizes": batch_sizes,
+        "temperature": args.temperature, "seed": args.seed, "max_new_tokens": args.max_new_tokens,
+        "per_category": args.per_category, "categories": list(dict.fromkeys(q["category"] for q in questions)),
+        "questions_file": os.path.abspath(args.questions), "questions": len(questions),
+        "ngram": {"max_n": args.ngram_max, "min_n": args.ngram_min},
+        "method_params": {m.name: {k: v for k, v in dataclasses.asdict(m).items() if v is not None and k != "name"}
+                          for m in methods},  # hf_prompt_lookup: gamma = prompt_lookup_num_tokens
+        "drafters": {m.name: repr(jax_runner.drafter(m)) for m in methods if not m.is_hf and m.kind != "plain"},
+        "hf_attn_implementation": hf_runner.attn if hf_runner else None,
+        "torch_threads": args.torch_threads if hf_runner else None, "omp_wait_policy": omp,
+        "chat_template": "user turn + generation prompt (jaxspec tokenizer), add_bos=False; same ids for every method",
+        "timing": "wall seconds of each generate call (time.perf_counter), compile excluded",
+    }
+    result = {
+        "benchmark": "spec_bench", "started_utc": started.isoformat(), "total_wall_s": total_s,
+        "command": bench_env.command(None if argv is None else [os.path.relpath(__file__)] + list(argv)), "cwd": os.getcwd(),
+        "machine": bench_env.machine_info(), "versions": bench_env.versions(), "settings": settings,
+        "definitions": report.DEFINITIONS, "summary": summary, "warnings": sorted(set(hf_log.messages)), "rows": rows,
+    }
+    md = report.markdown(result)
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(md)
+    plots = [] if args.no_plots else report.plots(result, stem)
+    print(md)
+    log(f"wrote {stem}.json, {stem}.md" + "".join(f", {p}" for p in plots) + f"; total {total_s:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

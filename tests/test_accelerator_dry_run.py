@@ -1,0 +1,67 @@
+"""``benchmarks/accelerator.py --dry-run`` (tiny shape, CPU) writes the JSON the real run
+writes, with every field present and sane values (no timing assertions: only that times are
+positive, or None where a long-short difference drowned in noise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+def _tiny_streamed_bytes(c) -> int:
+    """bf16 bytes of the dry run's tiny shape a pass reads: every layer, the final norm and
+    the untied head; not the embedding table (a lookup reads only the window's rows)."""
+    attn = c.dim * c.n_heads * c.head_dim * 2 + c.dim * c.n_kv_heads * c.head_dim * 2
+    layer = attn + 3 * c.dim * c.ffn_dim + 2 * c.dim
+    return 2 * (c.n_layers * layer + c.dim + c.dim * c.vocab_size)
+
+
+def test_dry_run_json(tmp_path, capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sys.path.insert(0, BENCH)
+    try:
+        import accelerator
+    finally:
+        sys.path.remove(BENCH)
+    path = tmp_path / "acc.json"
+    assert accelerator.main(["--dry-run", "--out", str(path)]) == 0
+    printed = capsys.readouterr().out
+    rec = json.loads(path.read_text())
+
+    assert rec["dry_run"] is True and rec["command"].startswith("PYTHONPATH=. python benchmarks/accelerator.py --dry-run")
+    assert rec["machine"]["device_kind"] and rec["machine"]["backend"] == "cpu"
+    assert rec["versions"]["jax"] and rec["versions"]["torch"] and rec["versions"]["transformers"]
+    assert rec["copy_bandwidth"]["bytes_per_s"] > 0
+    assert set(rec["shapes"]) == {"tiny"}
+    tiny = rec["shapes"]["tiny"]
+    config = accelerator.shapes(True)["tiny"]
+    assert tiny["weight_bytes_streamed"] == _tiny_streamed_bytes(config)
+    assert tiny["floor_ms"] == pytest.approx(tiny["weight_bytes_streamed"] / rec["copy_bandwidth"]["bytes_per_s"] * 1e3)
+    assert set(tiny["pass"]["ms"]) == {"B1_T1", "B1_T5", "B8_T1", "B8_T5"}
+    assert all(ms > 0 for ms in tiny["pass"]["ms"].values())
+    assert all(len(v) == 8 for v in tiny["pass"]["all_ms"].values())  # 4 x --reps (2 in a dry run)
+
+    e2e = tiny["e2e"]
+    assert set(e2e) == {"plain", "synthetic_tau1", "synthetic_tau2", "synthetic_tau3", "synthetic_tau4"}
+    assert e2e["plain"]["synthetic"] is False and e2e["plain"]["tau"] == 1.0
+    assert e2e["synthetic_tau1"]["tau"] == 1.0  # rates 0: exactly one token per verify step
+    assert e2e["synthetic_tau1"]["synthetic_acceptance_rates"] == [0.0] * 4
+    for tau in (1, 2, 3, 4):
+        r = e2e[f"synthetic_tau{tau}"]
+        assert r["synthetic"] is True and 1.0 <= r["tau"] <= 5.0 and len(set(r["synthetic_acceptance_rates"])) == 1
+    for r in e2e.values():
+        assert r["call_tokens_per_s"] > 0 and (r["decode_tokens_per_s"] is None or r["decode_tokens_per_s"] > 0)
+        assert [len(v) for v in r["run_s"].values()] == [2, 2]
+
+    hf = tiny["transformers"]
+    assert hf["compile"] == "auto" and hf["max_cache_len"] == 512 and "B1" in hf and "B8" not in hf  # --hf-batches 1
+    assert hf["B1"]["ms_per_step"] is None or hf["B1"]["ms_per_step"] > 0
+    assert [(g["shape"], g["goal"], g["limit"]) for g in rec["goals"]] == [
+        ("tiny", "pass_vs_floor", 1.15), ("tiny", "verify_vs_decode", 1.05), ("tiny", "plain_vs_hf", 1.5)]
+    assert "goals (dry run on CPU: not meaningful):" in printed and "SYNTHETIC tau 4" in printed
