@@ -9,10 +9,12 @@ The first ``--per-category`` questions of every category (first turn only) of Sp
 model's chat template (user turn + generation prompt) and tokenized ONCE by jaxspec's
 tokenizer: every method gets the same token ids. Methods (``--methods``, comma-separated;
 a name, then ``_g``/``_b``/``_n``/``_k``/``_l`` + a number for gamma, n-gram branches, tree
-nodes, tree branching, early-exit layers):
+nodes, tree branching, early-exit layers; ``_s``/``_m`` for the n-gram drafter's short_gamma
+and long_match):
 
   plain                      jaxspec.generate(drafter=None): the baseline every speedup divides by
   ngram_g4, ngram_g4_b2      NGramDrafter(gamma=4[, branches=2]): prompt-lookup chain / trie of 2 matches
+  ngram_g16_s4[_m16]         NGramDrafter(gamma=16, short_gamma=4[, long_match=16]): adaptive depth
   draft_g4, draft_g4_n8_k2   ModelDrafter(--draft-model's config, gamma=4[, tree_nodes=8, branching=2])
   early_exit_l8_g3[_n8_k2]   EarlyExitDrafter(target config, n_layers=8, gamma=3[, tree ...])
   lookahead_w5_n4_g5         LookaheadDrafter(window=5, ngram=4, guesses=5): for this kind _w, _n, _g are
@@ -90,7 +92,7 @@ CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction"
               "translation", "summarization", "qa", "math_reasoning", "rag")
 BASE = "plain"
 KINDS = ("plain", "ngram", "draft", "early_exit", "lookahead", "hf_plain", "hf_prompt_lookup", "hf_assisted")
-_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklw]\d+)*)$")
+_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklwsm]\d+)*)$")
 
 
 # ----------------------------------------------------------------------------- questions
@@ -134,9 +136,9 @@ class Method:
 
     Attributes:
       name: as given on the command line; kind: one of ``KINDS``.
-      gamma, branches, tree_nodes, branching, layers: the name's ``_g``, ``_b``, ``_n``,
-        ``_k``, ``_l`` numbers (None where absent); for ``lookahead`` the ``_w``, ``_n``,
-        ``_g`` numbers are window, ngram, guesses instead.
+      gamma, branches, tree_nodes, branching, layers, short_gamma, long_match: the name's
+        ``_g``, ``_b``, ``_n``, ``_k``, ``_l``, ``_s``, ``_m`` numbers (None where absent); for
+        ``lookahead`` the ``_w``, ``_n``, ``_g`` numbers are window, ngram, guesses instead.
     """
 
     name: str
@@ -149,6 +151,8 @@ class Method:
     window: int | None = None
     ngram: int | None = None
     guesses: int | None = None
+    short_gamma: int | None = None
+    long_match: int | None = None
 
     @property
     def is_hf(self) -> bool:
@@ -171,15 +175,17 @@ def parse_method(name: str) -> Method:
     m = _METHOD.match(name)
     if not m:
         raise ValueError(f"unknown method {name!r}: a kind ({', '.join(KINDS)}) then optional _g<gamma> _b<branches> "
-                         f"_n<tree nodes> _k<branching> _l<early-exit layers>, e.g. ngram_g4_b2, draft_g4_n8_k2")
-    fields = {"g": "gamma", "b": "branches", "n": "tree_nodes", "k": "branching", "l": "layers"}
+                         f"_n<tree nodes> _k<branching> _l<early-exit layers> _s<short gamma> _m<long match>, e.g. "
+                         f"ngram_g4_b2, ngram_g16_s4, draft_g4_n8_k2")
+    fields = {"g": "gamma", "b": "branches", "n": "tree_nodes", "k": "branching", "l": "layers", "s": "short_gamma",
+              "m": "long_match"}
     if m.group(1) == "lookahead":
         fields = {"w": "window", "n": "ngram", "g": "guesses"}
     parts = [p for p in m.group(2).split("_") if p]
     if any(p[0] not in fields for p in parts):
         raise ValueError(f"method {name!r}: {m.group(1)} takes the letters {', '.join('_' + f for f in fields)}")
     values = {fields[p[0]]: int(p[1:]) for p in parts}
-    allowed = {"plain": set(), "hf_plain": set(), "ngram": {"gamma", "branches"}, "draft": {"gamma", "tree_nodes", "branching"},
+    allowed = {"plain": set(), "hf_plain": set(), "ngram": {"gamma", "branches", "short_gamma", "long_match"}, "draft": {"gamma", "tree_nodes", "branching"},
                "early_exit": {"gamma", "tree_nodes", "branching", "layers"}, "hf_prompt_lookup": {"gamma"},
                "hf_assisted": {"gamma"}, "lookahead": {"window", "ngram", "guesses"}}[m.group(1)]
     if set(values) - allowed:
@@ -197,7 +203,8 @@ def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ng
     if method.kind == "plain":
         return None
     if method.kind == "ngram":
-        return jaxspec.NGramDrafter(gamma=g, max_n=ngram_max, min_n=ngram_min, branches=method.branches or 1)
+        return jaxspec.NGramDrafter(gamma=g, max_n=ngram_max, min_n=ngram_min, branches=method.branches or 1,
+                                    short_gamma=method.short_gamma or 0, long_match=method.long_match or 16)
     if method.kind == "draft":
         return jaxspec.ModelDrafter(draft_config, gamma=g, **tree)
     if method.kind == "early_exit":

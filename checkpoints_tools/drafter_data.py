@@ -165,6 +165,42 @@ def self_distill(model, prompt_ids: list[list[int]], *, max_new_tokens: int, bat
     return out
 
 
+def save_sequences(path: str, sequences: list[tuple[list[int], int]], target_params, max_new_tokens: int) -> None:
+    """Write self-distilled ``sequences`` as JSON with the target's weight fingerprint, so that
+    another training run (EAGLE after Medusa, other settings) reuses them
+    (``load_sequences``) instead of answering the prompts again."""
+    from jaxspec.checkpoints.heads import fingerprint
+
+    with open(path, "w") as f:
+        json.dump({"target_fingerprint": fingerprint(target_params), "max_new_tokens": max_new_tokens,
+                   "sequences": [[list(map(int, ids)), int(n)] for ids, n in sequences]}, f)
+
+
+def load_sequences(path: str, target_params) -> list[tuple[list[int], int]]:
+    """The sequences ``save_sequences`` wrote.
+
+    Raises:
+      FileNotFoundError: no such file. ValueError: not a sequences file, no sequence, or
+      answers of another target (the weight fingerprint differs).
+    """
+    from jaxspec.checkpoints.heads import fingerprint
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--sequences {path!r}: no such file")
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        sequences = [(list(ids), int(n)) for ids, n in saved["sequences"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--sequences {path!r} is not a sequences.json written by train-eagle/train-medusa: {e}")
+    if not sequences:
+        raise ValueError(f"--sequences {path!r} holds no sequence")
+    if saved.get("target_fingerprint") != fingerprint(target_params):
+        raise ValueError(f"--sequences {path!r} holds another target's answers (the target's weight fingerprint "
+                         f"differs)")
+    return sequences
+
+
 def draft_vocabulary(sequences: list[tuple[list[int], int]], size: int, vocab_size: int) -> np.ndarray:
     """d2t: the ``size`` most frequent answer tokens (ties to the lower id), then the most
     frequent prompt tokens, then the lowest unused ids; sorted int32 ``[size]`` (EAGLE-3's

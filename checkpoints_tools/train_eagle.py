@@ -6,16 +6,19 @@ Test", Sec. 3), with optax and orbax.
    ``jaxspec.generate`` (self-distillation); the draft vocabulary (d2t) is the most frequent
    answer tokens; one teacher-forced target pass per batch of sequences
    (``jaxspec.models.forward(..., capture=)``) gives the three captured layers and the
-   target's next-token distribution, restricted to the draft vocabulary and renormalised.
-   Kept in memory and in ``OUT/data.npz``: per token ``3D + Vd`` float32 (SmolLM2, Vd 8192:
-   39 KB a token).
+   target's next-token distribution, restricted to the draft vocabulary, of which the
+   ``soft_topk`` most probable tokens are kept, renormalised (sparse distillation: the rest
+   of the mass is a long tail the head need not learn, and the dense distribution would
+   take Vd floats a token). Kept in memory and in ``OUT/data.npz``: per token ``3D``
+   float32 features + ``soft_topk`` (index, probability) pairs (SmolLM2, K 32: 7.2 KB a
+   token; dense Vd 8192 would be 39 KB).
 2. Training-time test (Sec. 3.2): ``unroll`` steps; step 0 reads the target's fused features,
    step i > 0 the head's own hidden states of step i - 1, each step one position further
    ahead, attending to the target-feature entries of the text so far and to its own earlier
    steps at the same position (exactly what drafting sees, through the same
    ``eagle3.forward`` with a tree mask). Loss: sum over steps of 0.8^i x the soft
-   cross-entropy between the target's restricted distribution and the head's, over answer
-   tokens.
+   cross-entropy between the target's (top-K, restricted) distribution and the head's, over
+   answer tokens.
 3. optax AdamW, linear warmup + cosine decay, global-norm gradient clipping; orbax
    checkpoints of (head, optimizer state) every ``save_every`` steps in ``OUT/checkpoints``,
    any of which ``resume`` continues from bit for bit (batches are a function of the seed
@@ -64,6 +67,8 @@ class TrainConfig:
       seed: head init and batch order; holdout: fraction of sequences held out (>= 1 kept).
       save_every, eval_every: checkpoint and held-out evaluation intervals (steps).
       ffn_dim: the head layer's MLP width (0: the target's).
+      soft_topk: K, how many of the target's most probable draft-vocabulary tokens (and their
+        renormalised probabilities) the soft labels keep per position (0: all Vd).
     """
 
     draft_vocab: int = 8192
@@ -81,6 +86,7 @@ class TrainConfig:
     save_every: int = 100
     eval_every: int = 50
     ffn_dim: int = 0
+    soft_topk: int = 32
 
     def check(self, vocab_size: int) -> None:
         """Raise ``ValueError`` naming the setting and its limit."""
@@ -90,6 +96,7 @@ class TrainConfig:
 
         need(isinstance(self.draft_vocab, int) and 2 <= self.draft_vocab <= vocab_size,
              f"--draft-vocab must be in [2, {vocab_size}] (the target's vocabulary), got {self.draft_vocab}")
+        need(self.soft_topk >= 0, f"--soft-topk must be >= 0 (0: the whole draft vocabulary), got {self.soft_topk}")
         for name in ("steps", "batch", "unroll", "save_every", "eval_every"):
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         need(0 <= self.warmup < self.steps, f"--warmup must be in [0, steps={self.steps}), got {self.warmup}")
@@ -106,16 +113,20 @@ class Dataset:
     """Teacher-forced training data (numpy), Q sequences of T tokens (padded).
 
     Attributes:
-      tokens: int32 ``[Q, T]``; features: float32 ``[Q, T, 3D]`` (the captured layers);
-      target_p: float32 ``[Q, T, Vd]``, the target's next-token distribution at each position,
-        restricted to the draft vocabulary and renormalised; target_top: int32 ``[Q, T]``, its
-        argmax over the full vocabulary; loss_mask: bool ``[Q, T]``, position t's next token is
-        an answer token; d2t: int32 ``[Vd]``.
+      tokens: int32 ``[Q, T]``; features: float32 ``[Q, T, 3D]`` (the captured layers, or
+        the final hidden state for Medusa);
+      soft_ids: int32 ``[Q, T, K]`` (draft-vocabulary indices) and soft_p: float32
+        ``[Q, T, K]``: the K most probable tokens of the target's next-token distribution at
+        each position, restricted to the draft vocabulary, with their probabilities
+        renormalised over the K (K = 0 for Medusa's hard labels);
+      target_top: int32 ``[Q, T]``, its argmax over the full vocabulary; loss_mask: bool
+        ``[Q, T]``, position t's next token is an answer token; d2t: int32 ``[Vd]``.
     """
 
     tokens: np.ndarray
     features: np.ndarray
-    target_p: np.ndarray
+    soft_ids: np.ndarray
+    soft_p: np.ndarray
     target_top: np.ndarray
     loss_mask: np.ndarray
     d2t: np.ndarray
@@ -133,22 +144,24 @@ class Dataset:
             return cls(**{f.name: z[f.name] for f in dataclasses.fields(cls)})
 
 
-@functools.partial(jax.jit, static_argnames=("config", "capture"))
-def _teacher_forced(params, tokens, d2t, *, config, capture):
+@functools.partial(jax.jit, static_argnames=("config", "capture", "k"))
+def _teacher_forced(params, tokens, d2t, *, config, capture, k):
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     cache = KVCache.zeros(config, b, t, params["embed"].dtype)
     out = models.forward(params, config, tokens, positions, cache, capture=capture or ())
-    restricted = jax.nn.softmax(jnp.take(out.logits, d2t, axis=-1), axis=-1)
+    top_p, top_ids = jax.lax.top_k(jax.nn.softmax(jnp.take(out.logits, d2t, axis=-1), axis=-1), k)
+    top_p = top_p / jnp.maximum(jnp.sum(top_p, axis=-1, keepdims=True), 1e-30)
     feats = jnp.concatenate(out.captured, axis=-1) if capture else out.hidden
-    return feats.astype(jnp.float32), restricted, jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
+    return feats.astype(jnp.float32), top_ids.astype(jnp.int32), top_p, jnp.argmax(out.logits, axis=-1).astype(jnp.int32)
 
 
 def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: np.ndarray, capture, batch: int = 8,
-                  progress=None) -> Dataset:
+                  progress=None, soft_topk: int = 32) -> Dataset:
     """Teacher-forced target pass over ``sequences`` (``(ids, prompt length)``), ``batch`` at a
     time. ``capture``: the layers whose outputs are the features (EAGLE), or None for the final
-    hidden state (Medusa); ``d2t`` of length 0 stores no distributions (hard labels only)."""
+    hidden state (Medusa); ``d2t`` of length 0 stores no distributions (hard labels only);
+    ``soft_topk``: tokens kept of each distribution (0 or more than Vd: all Vd)."""
     t = -(-max(len(ids) for ids, _ in sequences) // SEQ_BUCKET) * SEQ_BUCKET
     q = len(sequences)
     tokens = np.zeros((q, t), np.int32)
@@ -156,20 +169,19 @@ def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: n
     for i, (ids, n_prompt) in enumerate(sequences):
         tokens[i, : len(ids)] = ids
         mask[i, max(n_prompt - 1, 0) : len(ids) - 1] = True  # position p predicts token p + 1
-    feats, probs, top = [], [], []
+    k = len(d2t) if soft_topk <= 0 else min(soft_topk, len(d2t))
+    parts = []
     d2t_dev = jnp.asarray(d2t, jnp.int32)
     for i in range(0, q, batch):
         chunk = tokens[i : i + batch]
         pad = batch - len(chunk)
-        f, p, tp = _teacher_forced(params, jnp.asarray(np.pad(chunk, ((0, pad), (0, 0)))), d2t_dev, config=config,
-                                   capture=None if capture is None else tuple(capture))
-        n = len(chunk)
-        feats.append(np.asarray(f)[:n])
-        probs.append(np.asarray(p)[:n])
-        top.append(np.asarray(tp)[:n])
+        out = _teacher_forced(params, jnp.asarray(np.pad(chunk, ((0, pad), (0, 0)))), d2t_dev, config=config,
+                              capture=None if capture is None else tuple(capture), k=k)
+        parts.append([np.asarray(x)[: len(chunk)] for x in out])
         if progress is not None:
-            progress(n)
-    return Dataset(tokens, np.concatenate(feats), np.concatenate(probs), np.concatenate(top), mask, d2t)
+            progress(len(chunk))
+    feats, ids, probs, top = (np.concatenate(x) for x in zip(*parts))
+    return Dataset(tokens, feats, ids, probs, top, mask, d2t)
 
 
 # ---------------------------------------------------------------------------- the training-time test
@@ -210,10 +222,10 @@ def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int):
         out = eagle3.forward(head, config, embed, _shift(tokens, i + 1), h, positions, cache,
                              write_at=jnp.full((b,), i * t, jnp.int32), mask=mask)
         cache, h = out.cache, out.hidden
-        target = _shift(batch["target_p"], i + 1)
         valid = _shift(batch["loss_mask"], i + 1).astype(jnp.float32)
         n = jnp.maximum(valid.sum(), 1.0)
-        ce = -jnp.sum(target * jax.nn.log_softmax(out.logits, axis=-1), axis=-1)
+        logq = jnp.take_along_axis(jax.nn.log_softmax(out.logits, axis=-1), _shift(batch["soft_ids"], i + 1), axis=-1)
+        ce = -jnp.sum(_shift(batch["soft_p"], i + 1) * logq, axis=-1)
         ces.append(jnp.sum(ce * valid) / n)
         hit = batch["d2t"][jnp.argmax(out.logits, axis=-1)] == _shift(batch["target_top"], i + 1)
         accs.append(jnp.sum(hit * valid) / n)
@@ -329,8 +341,8 @@ class Placement:
 
 def _device_batch(data: Dataset, idx, place: Placement = Placement()) -> dict:
     part = data.rows(idx)
-    batch = place.rows({"tokens": part.tokens, "features": part.features, "target_p": part.target_p,
-                        "target_top": part.target_top, "loss_mask": part.loss_mask})
+    batch = place.rows({"tokens": part.tokens, "features": part.features, "soft_ids": part.soft_ids,
+                        "soft_p": part.soft_p, "target_top": part.target_top, "loss_mask": part.loss_mask})
     return {**batch, "d2t": place.replicate(jnp.asarray(data.d2t))}
 
 
@@ -473,15 +485,19 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
 
 def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, max_new_tokens: int = 128,
         gen_batch: int = 8, resume: bool | int = False, progress: bool = True, medusa_heads: int = 0,
-        log=print) -> dict:
+        sequences: list[tuple[list[int], int]] | None = None, log=print) -> dict:
     """The whole pipeline: self-distill, choose the draft vocabulary, teacher-forced
-    features, train. Prepared data is kept in ``OUT/data.npz`` and reused when resuming.
+    features, train. The answers are kept in ``OUT/sequences.json`` (``sequences=`` reuses
+    another run's: ``drafter_data.load_sequences``), prepared data in ``OUT/data.npz``, reused
+    when resuming.
     ``medusa_heads`` > 0 trains that many Medusa-1 heads instead of an EAGLE-3 head
     (``checkpoints_tools.train_medusa``; the draft vocabulary is not used).
 
     Args:
       model: the target ``jaxspec.Model`` (or an object with ``params`` and ``config``).
       prompt_ids: token ids of each prompt (``drafter_data.encode``).
+      sequences: ``(prompt + answer ids, prompt length)`` per prompt, answered already (then
+        ``prompt_ids`` is only recorded): skips the self-distillation.
       resume: False (start; ``OUT`` must hold no checkpoint), True (the latest saved step)
         or a step number.
 
@@ -524,16 +540,24 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
     if resume_step is not None and os.path.isfile(data_file):
         data = Dataset.load(data_file)
     else:
-        log(f"self-distillation: {len(prompt_ids)} prompts x {max_new_tokens} new tokens")
-        sequences = drafter_data.self_distill(model, prompt_ids, max_new_tokens=max_new_tokens, batch=gen_batch)
+        from tqdm import tqdm
+
+        if sequences is None:
+            log(f"self-distillation: {len(prompt_ids)} prompts x {max_new_tokens} new tokens")
+            with tqdm(total=len(prompt_ids), disable=not progress, desc="answers") as bar:
+                sequences = drafter_data.self_distill(model, prompt_ids, max_new_tokens=max_new_tokens,
+                                                      batch=gen_batch, progress=bar.update)
+        drafter_data.save_sequences(os.path.join(out_dir, "sequences.json"), sequences, params, max_new_tokens)
         if medusa_heads:
-            data = build_dataset(params, config, sequences, np.zeros((0,), np.int32), None, batch=gen_batch)
+            d2t, capture = np.zeros((0,), np.int32), None
         else:
             d2t = drafter_data.draft_vocabulary(sequences, cfg.draft_vocab, config.vocab_size)
             log(f"draft vocabulary: {cfg.draft_vocab} tokens cover {drafter_data.coverage(sequences, d2t):.1%} of "
                 f"the answer tokens")
-            data = build_dataset(params, config, sequences, d2t, EagleConfig(config, cfg.draft_vocab).capture,
-                                 batch=gen_batch)
+            capture = EagleConfig(config, cfg.draft_vocab).capture
+        with tqdm(total=len(sequences), disable=not progress, desc="target features") as bar:
+            data = build_dataset(params, config, sequences, d2t, capture, batch=gen_batch, progress=bar.update,
+                                 soft_topk=cfg.soft_topk)
         data.save(data_file)
     recipe = None
     if medusa_heads:

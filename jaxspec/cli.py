@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
     g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
+    g.add_argument("--short-gamma", type=int, default=0, metavar="G",
+                   help="ngram, adaptive depth: draft G tokens from a match that extends over fewer than "
+                        "--long-match tokens, --gamma from a longer one (copying); 0 = off (default)")
+    g.add_argument("--long-match", type=int, default=16, metavar="L",
+                   help="ngram with --short-gamma: the match extent (tokens) that counts as copying (default: 16)")
     la = g.add_argument_group("lookahead decoding (--drafter lookahead; Fu et al. 2024): a step verifies "
                               "1 + (window + guesses) x (ngram - 1) tokens")
     la.add_argument("--window", type=int, metavar="W", help="Jacobi window columns (default: 5)")
@@ -217,7 +222,8 @@ def _make_drafter(args, model, load):
                              f"branch drafts gamma tokens; got {args.tree_nodes}")
         branches = max(1, args.tree_nodes // args.gamma)
         return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min,
-                                    branches=branches), None
+                                    branches=branches, short_gamma=args.short_gamma,
+                                    long_match=args.long_match), None
     tree = dict(tree_nodes=args.tree_nodes, branching=args.branching)
     if args.drafter == "early-exit":
         k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers

@@ -257,8 +257,8 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         if drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None:
             # Verify the shortest prefix of the nodes that holds every active row's valid nodes,
             # among a few static widths: no draft at all is a one-token step, one chain of a
-            # tree (the best n-gram match alone) a (gamma + 1)-token one.
-            widths = sorted({0, drafter.gamma, proposal.n_nodes})
+            # tree (the best n-gram match alone) a (gamma + 1)-token one, and the drafter's own.
+            widths = sorted({0, drafter.gamma, proposal.n_nodes, *drafter.capabilities.verify_widths})
             node = jnp.arange(1, proposal.n_nodes + 1)[None]
             used = jnp.max(jnp.where(proposal.valid & ~s.done[:, None], node, 0))
             pick = sum((used > w).astype(jnp.int32) for w in widths[:-1])

@@ -144,6 +144,7 @@ def test_drafters_of_method_names():
 
     assert build("plain") is None
     assert build("ngram_g4_b2") == jaxspec.NGramDrafter(gamma=4, max_n=3, min_n=2, branches=2)
+    assert build("ngram_g16_s4_m12") == jaxspec.NGramDrafter(gamma=16, max_n=3, min_n=2, short_gamma=4, long_match=12)
     assert build("draft_g3_n6_k2") == jaxspec.ModelDrafter(DRAFT, gamma=3, tree_nodes=6, branching=2)
     assert build("early_exit_l1_g2") == jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=2)
     assert build("early_exit_g2").n_layers == 1  # default: a quarter of the target's blocks, at least 1

@@ -107,7 +107,7 @@ def shaped_params(names):
 
 
 ROW_TOPOLOGIES = ["unbalanced", "wide", "chain"]  # batch 3: a different tree per row
-TREE_DRAFTERS = ["ngram_tree", "model_tree", "self_tree", "early_exit_tree", "shaped"]
+TREE_DRAFTERS = ["ngram_tree", "ngram_adaptive", "model_tree", "self_tree", "early_exit_tree", "shaped"]
 PENALTIES = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.3)
 TOKENS = (list("abcdefghijklmnopqrstuvwxyz") + ["Ġ", ",", ".", "Ċ"] + list("0123456789")
           + ["ab", "ba", "an", "na", "Ġa", "Ġb", "ing", "Ġthe", "er", "re", "on", "no", "at", "ta", "Ġc", "es",
@@ -119,6 +119,8 @@ def tree_drafter(tiny, kind: str, batch: int):
     cfg = tiny.cfg
     if kind == "ngram_tree":
         return jaxspec.NGramDrafter(gamma=3, branches=3, min_n=1), None
+    if kind == "ngram_adaptive":  # the tiny target loops: matches extending over 3 tokens are common
+        return jaxspec.NGramDrafter(gamma=5, branches=2, min_n=1, short_gamma=2, long_match=3), None
     if kind == "model_tree":
         return jaxspec.ModelDrafter(cfg, gamma=3, tree_nodes=8, branching=3), tiny.noisy_params
     if kind == "self_tree":
@@ -182,6 +184,10 @@ def test_new_topology_per_call_and_row_reuses_the_program(tiny):
 @pytest.mark.parametrize("make,message", [
     (lambda cfg: jaxspec.NGramDrafter(gamma=2, branches=0), r"branches must be an integer in \[1, 16\], got 0"),
     (lambda cfg: jaxspec.NGramDrafter(gamma=2, branches=17), r"branches must be an integer in \[1, 16\], got 17"),
+    (lambda cfg: jaxspec.NGramDrafter(gamma=4, short_gamma=4),
+     r"short_gamma must be an integer in \[1, 3\] \(below gamma; 0: off\), got 4"),
+    (lambda cfg: jaxspec.NGramDrafter(gamma=4, short_gamma=2, long_match=1),
+     r"long_match must be an integer in \[2, 256\], got 1"),
     (lambda cfg: jaxspec.ModelDrafter(cfg, gamma=2, tree_nodes=7, branching=2),
      r"tree_nodes must be an integer in \[1, 6\] \(0 = chain; a tree of depth gamma=2 with branching=2 grows 6"),
     (lambda cfg: jaxspec.ModelDrafter(cfg, gamma=2, tree_nodes=-1), r"tree_nodes must be an integer in \[1, "),
@@ -191,6 +197,34 @@ def test_new_topology_per_call_and_row_reuses_the_program(tiny):
 def test_bad_tree_settings_are_refused_at_construction(tiny, make, message):
     with pytest.raises(ValueError, match=message):
         make(tiny.cfg)
+
+
+def test_ngram_adaptive_depth_packs_the_short_tree_first():
+    """With adaptive depth the proposal's first ``branches x depth`` slots hold exactly the
+    trie of the branches cut to that depth (what ``merge_branches`` gives for the short
+    branches), the rest invalid; the depth follows the best match's extent."""
+    from jaxspec.drafters import ngram
+
+    conts = jnp.array([[5, 6, 7, 8], [5, 9, 7, 1], [2, 3, 4, 4]], jnp.int32)
+    found = jnp.array([True, True, False])
+    for depth in (1, 2, 3, 4):
+        packed = ngram.merge_branches(conts, found, jnp.int32(depth))
+        short = ngram.merge_branches(conts[:, :depth], found)
+        for got, want in zip(packed, short):
+            np.testing.assert_array_equal(np.asarray(got)[: 3 * depth], np.asarray(want))
+        assert not np.asarray(packed[2])[3 * depth :].any()
+    # text "1 2 3 4 9 | 1 2 3 4": the match of "3 4" extends over 4 tokens
+    row = jnp.array([1, 2, 3, 4, 9, 1, 2, 3, 4, 0, 0, 0], jnp.int32)
+    assert int(ngram.match_extent(row, jnp.int32(9), jnp.int32(4), 16)) == 4
+    assert int(ngram.match_extent(row, jnp.int32(9), jnp.int32(4), 3)) == 3
+    ctx = lambda: None  # noqa: E731
+    ctx.tokens, ctx.seq_lens = row[None], jnp.array([9], jnp.int32)
+    for long_match, depth in ((4, 4), (5, 2)):
+        d = jaxspec.NGramDrafter(gamma=4, short_gamma=2, long_match=long_match)
+        assert d.capabilities.verify_widths == (2, 4)
+        _, prop = d.propose(None, None, ctx)
+        assert np.asarray(prop.valid[0]).sum() == depth
+        np.testing.assert_array_equal(np.asarray(prop.tokens[0])[:depth], [9, 1, 2, 3][:depth])
 
 
 def test_tree_larger_than_max_len_is_refused_before_compile(tiny):

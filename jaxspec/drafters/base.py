@@ -42,11 +42,13 @@ class Capabilities:
     Attributes:
       abstains: ``propose`` may leave nodes invalid (nothing to propose there), packing its
         valid nodes first; the engine then verifies only the shortest of the widths 0,
-        ``gamma`` and N nodes that holds every active row's valid nodes (no draft: a
-        one-token step).
+        ``gamma``, ``verify_widths`` and N nodes that holds every active row's valid nodes
+        (no draft: a one-token step).
       shares_target_weights: the drafter's params are a view of the target's (early exit), so
         under a mesh it runs on the target's shards.
       capture: target layer ids whose outputs ``init`` and ``commit`` receive (empty: none).
+      verify_widths: for an abstaining drafter, further node counts its proposals pack into
+        (each a branch of the compiled step: the n-gram drafter's adaptive depths).
 
     Whether nodes carry q is not a flag: it is whether ``Proposal.q`` is None.
     """
@@ -54,6 +56,7 @@ class Capabilities:
     abstains: bool = False
     shares_target_weights: bool = False
     capture: tuple[int, ...] = ()
+    verify_widths: tuple[int, ...] = ()
 
 
 @jax.tree_util.register_dataclass
