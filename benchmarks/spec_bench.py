@@ -261,7 +261,9 @@ class JaxRunner:
         import jaxspec
 
         d = self.drafter(method)
-        kw = dict(drafter=d, max_new_tokens=max_new, temperature=temperature, seed=seeds)
+        # disable_by_batch_size=None: measure the drafter itself at every batch size, never the
+        # batch-aware policy's plain fallback (jaxspec.policy)
+        kw = dict(drafter=d, max_new_tokens=max_new, temperature=temperature, seed=seeds, disable_by_batch_size=None)
         if method.kind == "draft":
             kw["drafter_params"] = self.draft_model
         compile_s = 0.0

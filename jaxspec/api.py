@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import engine, synthetic
+from jaxspec import engine, policy, synthetic
 from jaxspec.config import ModelConfig, SamplingConfig, default_dtype
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.metrics import Metrics
@@ -397,6 +397,7 @@ def generate(
     shard_drafter: bool = False,
     synthetic_acceptance: synthetic.SyntheticAcceptance | None = None,
     allow_synthetic_acceptance: bool = False,
+    disable_by_batch_size: int | str | None = "auto",
     **settings,
 ) -> GenerationResult:
     """Generate continuations of one or several prompts, speculatively when given a drafter.
@@ -438,6 +439,11 @@ def generate(
         (``jaxspec.synthetic``). Default None. Every call warns
         (``SyntheticAcceptanceWarning``) and its result says ``synthetic=True``.
       allow_synthetic_acceptance: must be True for ``synthetic_acceptance`` to run.
+      disable_by_batch_size: the batch-aware policy (``jaxspec.policy``): a call with more
+        rows (prompts x ``n``) than this decodes plainly, where speculation stops paying;
+        ``"auto"`` (default) the size measured for this drafter on this backend (never
+        disabled where none was measured), an int, or None (always speculate). The result's
+        ``metrics.speculation`` says when it applied. Same greedy output either way.
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
         ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\n\n"], n=4, logprobs=5``.
 
@@ -451,8 +457,9 @@ def generate(
         strings without a tokenizer, drafter that does not fit the target (e.g. vocabulary
         mismatch), a mesh whose ``model`` axis does not divide the heads, MLP width or
         vocabulary; ``synthetic_acceptance`` without ``allow_synthetic_acceptance=True``,
-        without a drafter or with a number of rates other than the drafter's gamma. All
-        before anything is compiled.
+        without a drafter or with a number of rates other than the drafter's gamma; a
+        ``disable_by_batch_size`` other than "auto", None or an int >= 1. All before
+        anything is compiled.
       TypeError: an unknown setting.
     """
     unknown = set(settings) - {f.name for f in dataclasses.fields(SamplingConfig)}
@@ -487,6 +494,9 @@ def generate(
                              f"({limit}) with {drafter!r}: lower tree_nodes (or gamma); for lookahead, window, ngram "
                              f"or guesses (nodes = (window + guesses) x (ngram - 1))")
     synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
+    speculation = policy.decide(disable_by_batch_size, drafter, len(req.rows), synthetic_acceptance is not None)
+    if speculation is not None:
+        drafter = drafter_params = None
     plan = None
     if mesh is not None:
         from jaxspec import sharding
@@ -507,13 +517,16 @@ def generate(
     if synthetic_acceptance is not None:
         synthetic.warn(synthetic_acceptance)
     out, compile_s, run_s = _run(fn, key, params, drafter_params, inputs)
-    return _result(out.rows(len(req.rows)), req, gamma, tokenizer, compile_s, run_s, synthetic_acceptance)
+    return _result(out.rows(len(req.rows)), req, gamma, tokenizer, compile_s, run_s, synthetic_acceptance,
+                   speculation)
 
 
 def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, run_s: float,
-            synthetic_acceptance: synthetic.SyntheticAcceptance | None = None) -> GenerationResult:
+            synthetic_acceptance: synthetic.SyntheticAcceptance | None = None,
+            speculation: str | None = None) -> GenerationResult:
     """``GenerationResult`` of the request's rows from the program's ``Output`` (numpy),
-    marked synthetic when ``synthetic_acceptance`` ran."""
+    marked synthetic when ``synthetic_acceptance`` ran; ``speculation``: why the policy
+    decoded plainly, or None."""
     from jaxspec import stopping
 
     sc, lens, seq_lens = req.sampling, req.prompt_lens, out.seq_lens
@@ -530,6 +543,7 @@ def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, 
         run_s=run_s,
         synthetic=synthetic_acceptance is not None,
         synthetic_rates=() if synthetic_acceptance is None else synthetic_acceptance.rates,
+        speculation=speculation,
     )
     texts, reasons, stop_reasons = None if tokenizer is None else [], [], []
     min_new = req.settings["min_new_tokens"]

@@ -106,6 +106,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="logprobs of the model's raw distribution (default) or of the processed one sampled from")
     s.add_argument("--n", type=int, default=1, help="samples per prompt (default: 1)")
     s.add_argument("--seed", type=int, default=0, help="random seed; sample r uses seed + r (default: 0)")
+    g.add_argument("--disable-by-batch-size", default="auto", metavar="auto|none|K",
+                   help="batch-aware policy (jaxspec.policy): decode plainly when a call has more than K rows; auto "
+                        "(default): the size measured for the drafter on this backend; none: always speculate")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap prompts in the model's chat template (default: on)")
     g.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
@@ -339,6 +342,19 @@ def _max_logprob_gap(a, b) -> float:
 LOGPROB_TOLERANCE = 1e-4  # float32; 1-token and window forwards agree to a few ulps on CPU
 
 
+def _batch_policy(args):
+    """``--disable-by-batch-size`` as ``generate`` takes it: "auto", None or an int."""
+    from jaxspec import policy
+
+    v = args.disable_by_batch_size
+    try:
+        value = {"auto": "auto", "none": None}[v] if v in ("auto", "none") else int(v)
+        policy.limit(value, None)
+    except ValueError:
+        raise SystemExit(f"error: --disable-by-batch-size must be auto, none or an integer >= 1, got {v!r}")
+    return value
+
+
 def _generate(args) -> int:
     from rich.console import Console
 
@@ -347,6 +363,7 @@ def _generate(args) -> int:
     console = Console(stderr=True)
     prompts = _read_prompts(args)
     sampling = _sampling(args)
+    _batch_policy(args)  # a bad value exits before the model loads
     _check_head_file(args)
     synthetic = _synthetic(args)
     if synthetic is not None:
@@ -372,7 +389,8 @@ def _generate(args) -> int:
                 res = jaxspec.generate(model, prompt, drafter=d, drafter_params=dp, sampling=sampling, chat=args.chat,
                                        mesh=mesh, shard_drafter=args.shard_drafter and d is not None,
                                        synthetic_acceptance=synthetic if spec else None,
-                                       allow_synthetic_acceptance=spec)
+                                       allow_synthetic_acceptance=spec,
+                                       disable_by_batch_size=_batch_policy(args))
         if res.metrics.compile_s > 0:
             console.print(_compile_line(label, args, res, compile_cache.hits() - hits, cache_dir), soft_wrap=True)
         return res
@@ -391,7 +409,8 @@ def _generate(args) -> int:
                       "samples": samples, "drafter": name, "synthetic": res.synthetic,
                       "metrics": {**{k: summary[k] for k in ("acceptance_rate", "tau", "gamma", "compile_s", "run_s",
                                                             "tokens_per_s", "new_tokens", "target_forwards",
-                                                            "synthetic", "synthetic_acceptance_rates")},
+                                                            "synthetic", "synthetic_acceptance_rates",
+                                                            "speculation_off")},
                                   "rows": [res.metrics.row(j) for j in range(len(res.tokens))]}}
             if args.compare:
                 base = run(prompt, None, None, "plain", i)
@@ -412,6 +431,8 @@ def _generate(args) -> int:
                     print(sample["text"], flush=True)
                 console.print(f"[dim]{int(res.metrics.new_tokens.sum())} tokens, {res.metrics.tokens_per_s:.1f} tok/s, "
                               f"tau {res.metrics.tau:.2f}[/dim]")
+            if res.metrics.speculation:
+                console.print(f"[yellow]{res.metrics.speculation}[/yellow]", soft_wrap=True)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
 

@@ -43,6 +43,8 @@ class Metrics:
       synthetic: True when drafts were accepted at random (``jaxspec.synthetic``): tau and
         acceptance rates are then the chosen ones, not the drafter's, and the tokens are not
         the model's output. synthetic_rates: the conditional rates per position, or ().
+      speculation: None when the call ran with the drafter it was given; else the sentence
+        saying why the batch-aware policy (``jaxspec.policy``) decoded plainly instead.
     """
 
     prompt_tokens: np.ndarray
@@ -56,6 +58,7 @@ class Metrics:
     run_s: float
     synthetic: bool = False
     synthetic_rates: tuple[float, ...] = ()
+    speculation: str | None = None
 
     @property
     def verify_steps(self) -> np.ndarray:
@@ -119,6 +122,7 @@ class Metrics:
             "tokens_per_s": _nan_none(self.tokens_per_s),
             "synthetic": self.synthetic,
             "synthetic_acceptance_rates": list(self.synthetic_rates) if self.synthetic else None,
+            "speculation_off": self.speculation,
         }
 
 

@@ -35,6 +35,9 @@ import numpy as np  # noqa: E402
 
 import jaxspec  # noqa: E402
 import jaxspec.api  # noqa: E402
+from jaxspec import policy  # noqa: E402
+
+policy.MEASURED.clear()  # sharded == unsharded is checked on speculation itself (see conftest.py)
 from jaxspec import sharding  # noqa: E402
 from jaxspec import models as decoder  # noqa: E402
 

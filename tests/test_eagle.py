@@ -163,6 +163,9 @@ def test_head_for_another_target_is_refused(tiny, trained):
     # a float32 and a bfloat16 copy of one target share the fingerprint
     bf16 = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), tiny.params)
     assert heads.fingerprint(bf16) == heads.fingerprint(tiny.params)
+    # ... and a head loads in its target's dtype (a float32 head beside a bfloat16 target)
+    _, head16 = jaxspec.load_eagle_head(path, bf16, tiny.cfg)
+    assert {x.dtype for x in jax.tree_util.tree_leaves(head16["head"])} == {jnp.dtype(jnp.bfloat16)}
 
 
 def test_missing_or_truncated_head_file_is_refused(trained, tmp_path):

@@ -191,7 +191,7 @@ def load_eagle_head(path: str, target, config: ModelConfig | None = None, *, gam
     if len(set(d2t.tolist())) != d2t.size or d2t.min() < 0 or d2t.max() >= config.vocab_size:
         raise ValueError(f"{path!r}: d2t must hold {cfg.draft_vocab} distinct target ids in [0, {config.vocab_size})")
     drafter = EagleDrafter(cfg, gamma=gamma, tree_nodes=tree_nodes, branching=branching)
-    return drafter, {"head": tree["head"], "d2t": jnp.asarray(d2t, jnp.int32)}
+    return drafter, {"head": _as_target_dtype(tree["head"], target), "d2t": jnp.asarray(d2t, jnp.int32)}
 
 
 def load_medusa_heads(path: str, target, config: ModelConfig | None = None, *, topk: tuple[int, ...] = (1, 1, 1, 1)):
@@ -213,7 +213,15 @@ def load_medusa_heads(path: str, target, config: ModelConfig | None = None, *, t
     if len(topk) > n:
         raise ValueError(f"topk {tuple(topk)} has {len(topk)} depths but {path!r} holds {n} Medusa heads")
     tree = _restore(path, {"heads": [{"b": (d,), "w": (d, d)} for _ in range(n)]}, manifest, f"{n} Medusa heads")
-    return MedusaDrafter(config, topk=tuple(topk)), {"heads": list(tree["heads"])}
+    return MedusaDrafter(config, topk=tuple(topk)), {"heads": _as_target_dtype(list(tree["heads"]), target)}
+
+
+def _as_target_dtype(tree, target):
+    """A head's floating tensors in the target's dtype (its embedding's): a head shipped in
+    bfloat16 runs beside a float32 target in float32, and the reverse."""
+    params = getattr(target, "params", target)
+    dtype = (params["embed"] if "embed" in params else jax.tree_util.tree_leaves(params)[0]).dtype
+    return jax.tree_util.tree_map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def _restore(path: str, shapes: dict, manifest: dict, what: str) -> dict:
