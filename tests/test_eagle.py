@@ -242,3 +242,20 @@ def test_data_parallel_training_equals_one_device(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     gap, sharding = out.stdout.split()[-2:]
     assert float(gap) < 1e-5 and sharding == "NamedSharding", out.stdout
+
+
+def test_answers_are_kept_and_reused_only_for_their_target(tiny, trained, tmp_path):
+    """``OUT/sequences.json`` holds the self-distilled answers; ``load_sequences`` gives them
+    back for the same target and refuses them for other weights or a bad file."""
+    out, model, _ = trained
+    seqs = drafter_data.load_sequences(os.path.join(out, "sequences.json"), model.params)
+    assert len(seqs) == 32 and all(len(ids) > n for ids, n in seqs)
+    other = jax.tree_util.tree_map(lambda x: x * 1.01, tiny.params)
+    with pytest.raises(ValueError, match=r"holds another target's answers"):
+        drafter_data.load_sequences(os.path.join(out, "sequences.json"), other)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match=r"is not a sequences.json"):
+        drafter_data.load_sequences(str(bad), model.params)
+    with pytest.raises(FileNotFoundError, match=r"no such file"):
+        drafter_data.load_sequences(str(tmp_path / "none.json"), model.params)
