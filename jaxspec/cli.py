@@ -363,7 +363,7 @@ def _generate(args) -> int:
     console = Console(stderr=True)
     prompts = _read_prompts(args)
     sampling = _sampling(args)
-    _batch_policy(args)  # a bad value exits before the model loads
+    batch_policy = _batch_policy(args)  # a bad value exits before the model loads
     _check_head_file(args)
     synthetic = _synthetic(args)
     if synthetic is not None:
@@ -390,7 +390,7 @@ def _generate(args) -> int:
                                        mesh=mesh, shard_drafter=args.shard_drafter and d is not None,
                                        synthetic_acceptance=synthetic if spec else None,
                                        allow_synthetic_acceptance=spec,
-                                       disable_by_batch_size=_batch_policy(args))
+                                       disable_by_batch_size=batch_policy)
         if res.metrics.compile_s > 0:
             console.print(_compile_line(label, args, res, compile_cache.hits() - hits, cache_dir), soft_wrap=True)
         return res
