@@ -19,6 +19,10 @@ and long_match):
   early_exit_l8_g3[_n8_k2]   EarlyExitDrafter(target config, n_layers=8, gamma=3[, tree ...])
   lookahead_w5_n4_g5         LookaheadDrafter(window=5, ngram=4, guesses=5): for this kind _w, _n, _g are
                              the paper's W, N, G (Fu et al. 2024)
+  eagle_g4, eagle_g4_n8_k2   EAGLE-3 head (--eagle-head; default: the head that ships for --model):
+                             chain of 4, or an EAGLE-2 tree of 8 nodes, depth 4, branching 2
+  medusa_g4, medusa_g3_k2    Medusa-1 heads (--medusa-heads; default: those that ship for --model):
+                             chain of 4, or the static tree topk=(2, 2, 2)
   hf_plain                   transformers model.generate (greedy or sampled like ours)
   hf_prompt_lookup[_g10]     generate(prompt_lookup_num_tokens=10 (default --prompt-lookup-num-tokens))
   hf_assisted[_g4]           generate(assistant_model=--draft-model; _g4: num_assistant_tokens=4,
@@ -91,7 +95,7 @@ CODE_PROMPT = os.path.join(HERE, "prompts", "code_rewrite.txt")
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "rag")
 BASE = "plain"
-KINDS = ("plain", "ngram", "draft", "early_exit", "lookahead", "hf_plain", "hf_prompt_lookup", "hf_assisted")
+KINDS = ("plain", "ngram", "draft", "early_exit", "lookahead", "eagle", "medusa", "hf_plain", "hf_prompt_lookup", "hf_assisted")
 _METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklwsm]\d+)*)$")
 
 
@@ -187,6 +191,7 @@ def parse_method(name: str) -> Method:
     values = {fields[p[0]]: int(p[1:]) for p in parts}
     allowed = {"plain": set(), "hf_plain": set(), "ngram": {"gamma", "branches", "short_gamma", "long_match"}, "draft": {"gamma", "tree_nodes", "branching"},
                "early_exit": {"gamma", "tree_nodes", "branching", "layers"}, "hf_prompt_lookup": {"gamma"},
+               "eagle": {"gamma", "tree_nodes", "branching"}, "medusa": {"gamma", "branching"},
                "hf_assisted": {"gamma"}, "lookahead": {"window", "ngram", "guesses"}}[m.group(1)]
     if set(values) - allowed:
         raise ValueError(f"method {name!r}: {m.group(1)} takes {sorted(allowed) or 'no numbers'}, got {sorted(values)}")
@@ -217,6 +222,18 @@ def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ng
     raise ValueError(f"{method.name} is not a jaxspec method")
 
 
+def load_head(method: Method, model, path: str):
+    """``(drafter, drafter_params)`` of an ``eagle`` / ``medusa`` method: the head at ``path``
+    (checked against ``model``: ``jaxspec.load_eagle_head``)."""
+    import jaxspec
+
+    g = method.gamma or 4
+    if method.kind == "eagle":
+        return jaxspec.load_eagle_head(path, model, gamma=g, tree_nodes=method.tree_nodes or 0,
+                                       branching=method.branching or 4)
+    return jaxspec.load_medusa_heads(path, model, topk=(method.branching or 1,) * g)
+
+
 # ----------------------------------------------------------------------------- runners
 
 @dataclasses.dataclass
@@ -244,17 +261,25 @@ class Run:
 class JaxRunner:
     """jaxspec's methods on one target (and, for ``draft_*``, one draft model)."""
 
-    def __init__(self, model, draft_model, ngram_max: int, ngram_min: int):
+    def __init__(self, model, draft_model, ngram_max: int, ngram_min: int, eagle_head: str | None = None,
+                 medusa_heads: str | None = None):
         self.model, self.draft_model = model, draft_model
         self._drafters: dict = {}
+        self._params: dict = {}
         self._ngram = (ngram_max, ngram_min)
+        self._heads = {"eagle": eagle_head, "medusa": medusa_heads}
 
     def drafter(self, method: Method):
         """The (cached) drafter object of ``method``: one object per method, so one compiled
         program per method and shape bucket."""
         if method.name not in self._drafters:
-            dcfg = None if self.draft_model is None else self.draft_model.config
-            self._drafters[method.name] = make_drafter(method, self.model.config, dcfg, *self._ngram)
+            if method.kind in ("eagle", "medusa"):
+                d, self._params[method.name] = load_head(method, self.model, self._heads[method.kind])
+            else:
+                dcfg = None if self.draft_model is None else self.draft_model.config
+                d = make_drafter(method, self.model.config, dcfg, *self._ngram)
+                self._params[method.name] = self.draft_model if method.kind == "draft" else None
+            self._drafters[method.name] = d
         return self._drafters[method.name]
 
     def __call__(self, method: Method, ids: list[list[int]], max_new: int, temperature: float, seeds: list[int]) -> Run:
@@ -263,9 +288,8 @@ class JaxRunner:
         d = self.drafter(method)
         # disable_by_batch_size=None: measure the drafter itself at every batch size, never the
         # batch-aware policy's plain fallback (jaxspec.policy)
-        kw = dict(drafter=d, max_new_tokens=max_new, temperature=temperature, seed=seeds, disable_by_batch_size=None)
-        if method.kind == "draft":
-            kw["drafter_params"] = self.draft_model
+        kw = dict(drafter=d, drafter_params=self._params[method.name], max_new_tokens=max_new,
+                  temperature=temperature, seed=seeds, disable_by_batch_size=None)
         compile_s = 0.0
         for _ in range(3):  # a call that compiled a new shape bucket is repeated: time the repeat
             t0 = time.perf_counter()
@@ -387,6 +411,8 @@ def parse_args(argv):
     ap.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,2,4 (hf_* run at 1 only)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int, default=0, help="question i samples with seed + i")
+    ap.add_argument("--eagle-head", default=None, help="eagle_*: head directory (default: the one shipped for --model)")
+    ap.add_argument("--medusa-heads", default=None, help="medusa_*: heads directory (default: those shipped for --model)")
     ap.add_argument("--ngram-max", type=int, default=3)
     ap.add_argument("--ngram-min", type=int, default=2)
     ap.add_argument("--prompt-lookup-num-tokens", type=int, default=10, help="hf_prompt_lookup without _g (default 10)")
@@ -506,7 +532,13 @@ def main(argv=None) -> int:
     tok = model.tokenizer
     if tok is None:
         raise SystemExit(f"error: {args.model} has no tokenizer: the questions are text")
-    jax_runner = JaxRunner(model, draft_model, args.ngram_max, args.ngram_min)
+    heads = {kind: path or (jaxspec.shipped_head(args.model, f"{kind}{v}") if any(m.kind == kind for m in methods)
+                            else None)
+             for kind, v, path in (("eagle", 3, args.eagle_head), ("medusa", 1, args.medusa_heads))}
+    jax_runner = JaxRunner(model, draft_model, args.ngram_max, args.ngram_min, heads["eagle"], heads["medusa"])
+    for m in methods:  # a missing or foreign head fails here, before anything runs
+        if m.kind in ("eagle", "medusa"):
+            jax_runner.drafter(m)
     hf_runner = None
     if has_hf:
         import torch

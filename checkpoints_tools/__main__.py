@@ -1,6 +1,7 @@
-"""``python -m checkpoints_tools {convert,inspect,verify,train-eagle,train-medusa}``: convert
-checkpoints to orbax, show what a checkpoint holds, check its logits against Hugging Face
-transformers, and train EAGLE-3 or Medusa-1 draft heads for a target."""
+"""``python -m checkpoints_tools {convert,inspect,verify,train-eagle,train-medusa,convert-head}``:
+convert checkpoints to orbax, show what a checkpoint holds, check its logits against Hugging
+Face transformers, train EAGLE-3 or Medusa-1 draft heads for a target, and rewrite a head in
+bfloat16 to ship it."""
 
 from __future__ import annotations
 
@@ -29,6 +30,11 @@ def main(argv=None) -> int:
     v.add_argument("path")
     v.add_argument("--reference", default="transformers", choices=["transformers"])
     v.add_argument("--atol", type=float, default=None, help="exit 1 when the max absolute error exceeds this")
+    h = sub.add_parser("convert-head", help="rewrite a trained head in another dtype (what ships: bfloat16)")
+    h.add_argument("src", help="head directory (OUT/head of train-eagle / train-medusa)")
+    h.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
+    h.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    h.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     for name, what in (("train-eagle", "an EAGLE-3 draft head"), ("train-medusa", "Medusa-1 draft heads")):
         t = sub.add_parser(name, help=f"train {what} on the target's own answers (optax, orbax)")
         t.add_argument("--model", default="smollm2-135m", help="target: model name or path (default: smollm2-135m)")
@@ -64,6 +70,10 @@ def main(argv=None) -> int:
             r = convert(args.src_format, args.src, args.dst, dtype=args.dtype, overwrite=args.overwrite)
             print(f"wrote {r['dst']}: {r['config']}, {r['n_params']:,} parameters, {r['bytes'] / 2**20:.1f} MiB "
                   f"{args.dtype}, {r['seconds']:.1f} s, peak host memory (RSS) {r['peak_rss_mb']:.0f} MiB")
+        elif args.command == "convert-head":
+            from jaxspec.checkpoints.heads import convert_head
+
+            print(f"wrote {convert_head(args.src, args.dst, args.dtype, overwrite=args.overwrite)} ({args.dtype})")
         elif args.command in ("train-eagle", "train-medusa"):
             return _train_head(args)
         elif args.command == "inspect":

@@ -50,6 +50,7 @@ from jaxspec.cache import KVCache
 from jaxspec.models import eagle3
 from jaxspec.models.eagle3 import EagleConfig
 
+DATA_SETTINGS = ("draft_vocab", "soft_topk")  # the TrainConfig fields that OUT/data.npz depends on
 SEQ_BUCKET = 64  # sequences are right-padded to a multiple of this many tokens
 
 
@@ -489,7 +490,9 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
     """The whole pipeline: self-distill, choose the draft vocabulary, teacher-forced
     features, train. The answers are kept in ``OUT/sequences.json`` (``sequences=`` reuses
     another run's: ``drafter_data.load_sequences``), prepared data in ``OUT/data.npz``, reused
-    when resuming.
+    when resuming and by a fresh run whose data settings (target, answers, ``DATA_SETTINGS``)
+    are those of ``OUT/train.json``: changing the steps or the learning rate does not redo the
+    target's features.
     ``medusa_heads`` > 0 trains that many Medusa-1 heads instead of an EAGLE-3 head
     (``checkpoints_tools.train_medusa``; the draft vocabulary is not used).
 
@@ -535,9 +538,17 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
             raise ValueError(f"--resume: the settings, prompts or target differ from those in {meta!r}")
     elif steps:
         raise ValueError(f"{out_dir!r} already holds checkpoints (steps {steps}): pass --resume, or another --out")
+    # A fresh run in a directory whose data.npz was prepared for the same data (target, answers,
+    # draft vocabulary, soft labels) reuses it, whatever the optimizer settings.
+    data_key = lambda r: ({k: r["settings"][k] for k in DATA_SETTINGS},  # noqa: E731
+                          {k: v for k, v in r.items() if k != "settings"})
+    same_data = os.path.isfile(meta) and os.path.isfile(data_file)
+    if same_data:
+        with open(meta) as f:
+            same_data = data_key(json.load(f)) == data_key(record)
     with open(meta, "w") as f:
         json.dump(record, f, indent=1)
-    if resume_step is not None and os.path.isfile(data_file):
+    if (resume_step is not None or same_data) and os.path.isfile(data_file):
         data = Dataset.load(data_file)
     else:
         from tqdm import tqdm

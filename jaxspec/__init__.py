@@ -13,7 +13,7 @@ Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail pe
 """
 
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
-from jaxspec.checkpoints.heads import load_eagle_head, load_medusa_heads
+from jaxspec.checkpoints.heads import load_eagle_head, load_medusa_heads, shipped_head
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
 from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
@@ -44,5 +44,6 @@ __all__ = [
     "load_medusa_heads",
     "make_mesh",
     "shard_params",
+    "shipped_head",
 ]
 __version__ = "0.1.0"

@@ -44,9 +44,11 @@ def _parser() -> argparse.ArgumentParser:
                         "--synthetic-acceptance)")
     g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
     g.add_argument("--eagle-head", metavar="PATH",
-                   help="EAGLE-3 head directory for --drafter eagle (python -m checkpoints_tools train-eagle)")
+                   help="EAGLE-3 head directory for --drafter eagle (python -m checkpoints_tools train-eagle; "
+                        "default: the head that ships for --model, if one does)")
     g.add_argument("--medusa-heads", metavar="PATH",
-                   help="Medusa heads directory for --drafter medusa (python -m checkpoints_tools train-medusa)")
+                   help="Medusa heads directory for --drafter medusa (python -m checkpoints_tools train-medusa; "
+                        "default: the heads that ship for --model, if they do)")
     g.add_argument("--medusa-topk", default="", metavar="K1,K2,..",
                    help="--drafter medusa: children per node at each depth, e.g. 3,2,2 (default: a chain of --gamma)")
     g.add_argument("--gamma", type=int, default=None,
@@ -154,13 +156,19 @@ def _check_head_file(args) -> None:
     loads."""
     if args.drafter not in ("eagle", "medusa"):
         return
+    from jaxspec.checkpoints.heads import read_head_manifest, shipped_head
+
     flag, kind = ("--eagle-head", "eagle3") if args.drafter == "eagle" else ("--medusa-heads", "medusa1")
     path = args.eagle_head if args.drafter == "eagle" else args.medusa_heads
-    if not path:
-        raise SystemExit(f"error: --drafter {args.drafter} needs {flag} PATH (train one with python -m "
-                         f"checkpoints_tools train-{args.drafter})")
-    from jaxspec.checkpoints.heads import read_head_manifest
-
+    if not path:  # the head that ships for a packaged model
+        try:
+            path = shipped_head(args.model, kind)
+        except FileNotFoundError as e:
+            raise SystemExit(f"error: --drafter {args.drafter} needs {flag} PATH: {e}")
+        if args.drafter == "eagle":
+            args.eagle_head = path
+        else:
+            args.medusa_heads = path
     try:
         read_head_manifest(path, kind)
     except (ValueError, FileNotFoundError) as e:

@@ -60,10 +60,12 @@ def test_sampling_flags_json(capsys):
      (["generate", "hi", "--prompts-file", "x.jsonl"], "not both"),
      (["generate", "--prompts-file", "/nonexistent/p.jsonl"], "cannot read --prompts-file"),
      (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),
-     (["generate", "hi", "--drafter", "eagle"], "--drafter eagle needs --eagle-head PATH"),
+     (["generate", "hi", "--model", "gemma3-270m", "--drafter", "eagle"],
+      "--drafter eagle needs --eagle-head PATH: no eagle3 head ships for model 'gemma3-270m'"),
      (["generate", "hi", "--drafter", "eagle", "--eagle-head", "/nonexistent/h"],
       "--eagle-head: EAGLE head '/nonexistent/h' not found: no head.json there"),
-     (["generate", "hi", "--drafter", "medusa"], "--drafter medusa needs --medusa-heads PATH")],
+     (["generate", "hi", "--model", "gemma3-270m", "--drafter", "medusa"],
+      "--drafter medusa needs --medusa-heads PATH: no medusa1 head ships for model 'gemma3-270m'")],
 )
 def test_errors(argv, message):
     with pytest.raises(SystemExit, match=message):
@@ -86,7 +88,9 @@ def test_tree_drafter_flags(capsys):
     and gives plain decoding's text (model/early-exit trees: ``--branching``, tested on tiny
     models in test_trees.py); bad tree flags are errors."""
     pytest.importorskip("rich")
-    for flags in (["--drafter", "ngram", "--tree-nodes", "16", "--gamma", "4"],):
+    # the second: the EAGLE-3 head that ships for the default model, with no --eagle-head
+    for flags in (["--drafter", "ngram", "--tree-nodes", "16", "--gamma", "4"],
+                  ["--drafter", "eagle", "--tree-nodes", "8", "--branching", "2", "--gamma", "4"]):
         code = cli.main(["generate", "Repeat exactly: one two three, one two three, one two three.", "--json",
                          "--compare", "--max-new-tokens", "16", *flags])
         out, err = capsys.readouterr()

@@ -66,6 +66,8 @@ def test_bad_eagle_settings_are_refused(tiny, random_head):
 
 # ------------------------------------------------------------------ training (checkpoints_tools train-eagle)
 
+import dataclasses  # noqa: E402
+import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 
@@ -259,3 +261,58 @@ def test_answers_are_kept_and_reused_only_for_their_target(tiny, trained, tmp_pa
         drafter_data.load_sequences(str(bad), model.params)
     with pytest.raises(FileNotFoundError, match=r"no such file"):
         drafter_data.load_sequences(str(tmp_path / "none.json"), model.params)
+
+
+def test_fresh_run_reuses_data_prepared_for_the_same_data_settings(tiny, trained, tmp_path, monkeypatch):
+    """A fresh run (no checkpoint) in a directory whose data.npz was prepared for the same
+    target, answers, draft vocabulary and soft labels reuses it, whatever the optimizer
+    settings (the target's features are the slow part); other data settings rebuild it."""
+    out, model, _ = trained
+    again = str(tmp_path / "again")
+    os.makedirs(again)
+    for name in ("data.npz", "train.json"):
+        shutil.copy(os.path.join(out, name), again)
+    seqs = drafter_data.load_sequences(os.path.join(out, "sequences.json"), model.params)
+    ids = [s[:n] for s, n in seqs]
+    built = []
+    real = train_eagle.build_dataset
+    monkeypatch.setattr(train_eagle, "build_dataset", lambda *a, **k: built.append(1) or real(*a, **k))
+    quick = dataclasses.replace(TRAIN, steps=2, warmup=1, save_every=2, eval_every=2, lr=1e-3)
+    train_eagle.run(model, ids, quick, again, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
+                    log=lambda *_: None, sequences=seqs)
+    assert built == []
+    shutil.rmtree(os.path.join(again, "checkpoints"))
+    train_eagle.run(model, ids, dataclasses.replace(quick, soft_topk=8), again, max_new_tokens=tiny.max_new,
+                    gen_batch=4, progress=False, log=lambda *_: None, sequences=seqs)
+    assert built == [1]
+
+
+def test_converted_head_ships_in_bfloat16_and_shipped_names_are_checked(tiny, trained, tmp_path, monkeypatch):
+    """``convert_head`` (checkpoints_tools convert-head) rewrites a head in bfloat16 with its
+    manifest kept: it loads for its target, with the float32 weights rounded to bfloat16;
+    ``shipped_head`` finds heads under ``SHIPPED_DIR/MODEL/KIND`` and names the ones that ship
+    when asked for another."""
+    out, model, _ = trained
+    src = os.path.join(out, "head")
+    monkeypatch.setattr(heads, "SHIPPED_DIR", str(tmp_path / "shipped"))
+    dst = heads.convert_head(src, str(tmp_path / "shipped" / "tiny" / "eagle3"), "bfloat16")
+    with open(os.path.join(dst, heads.MANIFEST)) as f:
+        manifest = json.load(f)
+    assert manifest["tensors"]["head/fc"][1] == "bfloat16" and manifest["tensors"]["d2t"][1] == "int32"
+    assert manifest["training"]["stored_dtype"] == "bfloat16"
+    assert heads.shipped_head("tiny", "eagle3") == dst
+    _, f32 = jaxspec.load_eagle_head(src, model)
+    _, bf16 = jaxspec.load_eagle_head(dst, model)  # loads in the target's float32
+    for a, b in zip(jax.tree_util.tree_leaves(f32["head"]), jax.tree_util.tree_leaves(bf16["head"])):
+        assert b.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(a.astype(jnp.bfloat16).astype(jnp.float32)), np.asarray(b))
+    np.testing.assert_array_equal(np.asarray(f32["d2t"]), np.asarray(bf16["d2t"]))
+    with pytest.raises(FileNotFoundError, match=r"no medusa1 head ships for model 'tiny' \(shipped: tiny/eagle3\): "
+                                                r"train one with python -m checkpoints_tools train-medusa"):
+        heads.shipped_head("tiny", "medusa1")
+    with pytest.raises(FileNotFoundError, match=r"no eagle3 head ships for model '/tmp/x.gguf'"):
+        heads.shipped_head("/tmp/x.gguf", "eagle3")
+    with pytest.raises(ValueError, match=r"kind must be one of \['eagle3', 'medusa1'\], got 'eagle'"):
+        heads.shipped_head("tiny", "eagle")
+    with pytest.raises(FileExistsError):
+        heads.convert_head(src, dst)

@@ -129,7 +129,11 @@ def test_method_names():
     m = spec_bench.parse_method("early_exit_l8_g3_n8_k2")
     assert (m.kind, m.layers, m.gamma, m.tree_nodes, m.branching) == ("early_exit", 8, 3, 8, 2)
     assert spec_bench.parse_method("hf_prompt_lookup_g10").gamma == 10
-    for bad in ("ngram_x4", "plain_g4", "medusa"):
+    m = spec_bench.parse_method("eagle_g4_n8_k2")
+    assert (m.kind, m.gamma, m.tree_nodes, m.branching) == ("eagle", 4, 8, 2)
+    assert (spec_bench.parse_method("medusa_g3_k2").kind, spec_bench.parse_method("medusa_g3_k2").branching) == (
+        "medusa", 2)
+    for bad in ("ngram_x4", "plain_g4", "eagle_b2", "medusa_n8", "medusa2"):
         with pytest.raises(ValueError, match="method"):
             spec_bench.parse_method(bad)
 

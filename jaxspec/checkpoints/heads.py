@@ -74,12 +74,12 @@ def _checksums(tree) -> dict:
     return out
 
 
-def _save(dst: str, tree: dict, kind: str, config: dict, target_params: Any, training, overwrite: bool) -> str:
+def _save(dst: str, tree: dict, kind: str, config: dict, target_fingerprint: str, training, overwrite: bool) -> str:
     import orbax.checkpoint as ocp
 
     tree = jax.device_get(tree)
     manifest = {"format": FORMAT, "version": VERSION, "kind": kind, "config": config,
-                "target_fingerprint": fingerprint(target_params), "tensors": _checksums(tree),
+                "target_fingerprint": target_fingerprint, "tensors": _checksums(tree),
                 "training": training or {}}
 
     def fill(tmp):
@@ -106,8 +106,8 @@ def save_head(dst: str, head: dict, d2t, config: EagleConfig, target_params: Any
     Raises:
       FileExistsError: ``dst`` exists and not ``overwrite``.
     """
-    return _save(dst, {"head": head, "d2t": np.asarray(d2t, np.int32)}, "eagle3", config.to_dict(), target_params,
-                 training, overwrite)
+    return _save(dst, {"head": head, "d2t": np.asarray(d2t, np.int32)}, "eagle3", config.to_dict(),
+                 fingerprint(target_params), training, overwrite)
 
 
 def save_medusa_heads(dst: str, heads: dict, target: ModelConfig, target_params: Any, *,
@@ -115,7 +115,65 @@ def save_medusa_heads(dst: str, heads: dict, target: ModelConfig, target_params:
     """Write Medusa-1 heads (``{"heads": [{"w", "b"}, ...]}``) for ``target`` at ``dst``; as
     ``save_head``."""
     config = {"target": target.to_dict(), "n_heads": len(heads["heads"])}
-    return _save(dst, {"heads": list(heads["heads"])}, "medusa1", config, target_params, training, overwrite)
+    return _save(dst, {"heads": list(heads["heads"])}, "medusa1", config, fingerprint(target_params), training,
+                 overwrite)
+
+
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shipped_heads")
+KINDS = {"eagle3": "eagle", "medusa1": "medusa"}  # manifest kind -> train-<name> / --drafter <name>
+
+
+def shipped_head(model: str, kind: str = "eagle3") -> str:
+    """The directory of the head of ``kind`` (``"eagle3"`` or ``"medusa1"``) that ships inside
+    jaxspec for the packaged model ``model`` (``jaxspec/shipped_heads/MODEL/KIND``; the README
+    gives the command, seed and data that trained each).
+
+    Raises:
+      ValueError: ``kind`` is not a head kind.
+      FileNotFoundError: no such head ships for ``model`` (the message lists those that do).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    path = os.path.join(SHIPPED_DIR, model, kind)
+    if os.path.basename(model) != model or not os.path.isfile(os.path.join(path, MANIFEST)):
+        have = sorted(f"{m}/{k}" for m in (os.listdir(SHIPPED_DIR) if os.path.isdir(SHIPPED_DIR) else [])
+                      for k in KINDS if os.path.isfile(os.path.join(SHIPPED_DIR, m, k, MANIFEST)))
+        raise FileNotFoundError(f"no {kind} head ships for model {model!r} (shipped: {', '.join(have) or 'none'}): "
+                                f"train one with python -m checkpoints_tools train-{KINDS[kind]}")
+    return path
+
+
+def convert_head(src: str, dst: str, dtype: str = "bfloat16", *, overwrite: bool = False) -> str:
+    """Rewrite the head at ``src`` with its floating tensors in ``dtype`` (what ships: a
+    bfloat16 head is half the bytes; ``_as_target_dtype`` casts it back to the target's dtype
+    when it loads). The manifest (config, target fingerprint, training record) is kept; the
+    tensor checksums are recomputed; ``src`` is read with every check of ``load_eagle_head``.
+
+    Returns:
+      The absolute path written.
+
+    Raises:
+      FileNotFoundError, ValueError: as ``read_head_manifest`` and the tensor checks.
+      FileExistsError: ``dst`` exists and not ``overwrite``.
+    """
+    src = os.path.abspath(src)
+    with open(os.path.join(src, MANIFEST)) as f:
+        kind = json.load(f).get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"{src!r}: kind {kind!r} is not a head kind ({sorted(KINDS)})")
+    manifest = read_head_manifest(src, kind)
+    if kind == "eagle3":
+        cfg = manifest["config"]
+        shapes, what = {"head": eagle3.param_shapes(cfg), "d2t": (cfg.draft_vocab,)}, cfg.layer.name
+    else:
+        n, d = manifest["n_heads"], manifest["target"].dim
+        shapes, what = {"heads": [{"b": (d,), "w": (d, d)} for _ in range(n)]}, f"{n} Medusa heads"
+    tree = _restore(src, shapes, manifest, what)
+    cast = jax.tree_util.tree_map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+    with open(os.path.join(src, MANIFEST)) as f:
+        raw = json.load(f)
+    return _save(dst, cast, kind, raw["config"], raw["target_fingerprint"],
+                 dict(raw.get("training", {}), stored_dtype=dtype), overwrite)
 
 
 def read_head_manifest(path: str, kind: str = "eagle3") -> dict:

@@ -1,0 +1,85 @@
+"""Does a trained draft head draft as well at serving time as training said it would, and how
+much of that carries over to other prompts? Greedy tau and acceptance per draft position of
+an EAGLE-3 head on (a) prompts held out of its training (the trainer's own seeded split of
+``--sequences``), (b) prompts it was trained on, (c) Spec-Bench questions (first turn, chat
+template), each compared with plain decoding (outputs must be identical).
+
+A head whose held-out serving acceptance matches training's held-out top-1 agreement but
+drops on (c) has a data problem (distribution shift), not a drafting bug.
+
+    PYTHONPATH=. python benchmarks/head_acceptance.py --sequences checkpoints_tools/data/smollm2-135m-answers.json
+
+Writes ``--out``.json (machine, versions, command, per set and gamma: tau, acceptance per
+position, identical). No timing: tau is a count, so the machine's load does not move it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import bench_env  # noqa: E402
+from spec_bench import QUESTIONS, load_questions  # noqa: E402
+
+
+def main(argv=None) -> int:
+    import jaxspec
+    from checkpoints_tools import drafter_data, train_eagle
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--eagle-head", default=None, help="default: the head shipped for --model")
+    ap.add_argument("--sequences", required=True, help="the training answers (train-eagle's --sequences)")
+    ap.add_argument("--seed", type=int, default=train_eagle.TrainConfig.seed, help="the training run's --seed")
+    ap.add_argument("--holdout", type=float, default=train_eagle.TrainConfig.holdout)
+    ap.add_argument("--n", type=int, default=8, help="prompts per set")
+    ap.add_argument("--gammas", default="2,4")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    out = args.out or os.path.join(HERE, "results", f"head_acceptance_{args.model}_{_dt.date.today()}")
+
+    model = jaxspec.load(args.model)
+    head = args.eagle_head or jaxspec.shipped_head(args.model, "eagle3")
+    seqs = drafter_data.load_sequences(args.sequences, model.params)
+    # the trainer's split (train_eagle.split): a permutation seeded by [seed, 2^20], held out first
+    perm = np.random.default_rng([args.seed, 1 << 20]).permutation(len(seqs))
+    n_hold = min(max(1, round(len(seqs) * args.holdout)), len(seqs) - 1)
+    tok = model.tokenizer
+    spec_bench = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]), add_bos=False)
+                  for q in load_questions(QUESTIONS, 1)[: args.n]]
+    sets = {"held_out": [seqs[i][0][: seqs[i][1]] for i in perm[: min(args.n, n_hold)]],
+            "trained_on": [seqs[i][0][: seqs[i][1]] for i in perm[n_hold : n_hold + args.n]],
+            "spec_bench": spec_bench}
+    results = {}
+    for name, prompts in sets.items():
+        plain = jaxspec.generate(model, prompts, max_new_tokens=args.max_new_tokens)
+        for g in (int(x) for x in args.gammas.split(",")):
+            drafter, params = jaxspec.load_eagle_head(head, model, gamma=g)
+            res = jaxspec.generate(model, prompts, max_new_tokens=args.max_new_tokens, drafter=drafter,
+                                   drafter_params=params)
+            m = res.metrics
+            row = {"tau": round(float(m.tau), 3), "identical": res.tokens == plain.tokens,
+                   "acceptance_per_position": (m.accepted_at.sum(0) / m.verify_steps.sum()).round(3).tolist()}
+            results[f"{name}_g{g}"] = row
+            print(name, f"gamma {g}", row, flush=True)
+    record = {"benchmark": "head_acceptance", "command": bench_env.command(), "machine": bench_env.machine_info(),
+              "versions": bench_env.versions(), "head": os.path.relpath(head), "settings": vars(args),
+              "results": results}
+    with open(out + ".json", "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {out}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
