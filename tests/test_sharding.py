@@ -53,7 +53,7 @@ def checkpoint(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def single(checkpoint) -> dict:
-    """Every case of ``sharded_cases.CASES`` on one 8-device process (about 45 compiles)."""
+    """Every case of ``sharded_cases.CASES`` on one 8-device process (~440 s on 2 CPU cores)."""
     cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "single", checkpoint]
     return _json(subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1800))
 
