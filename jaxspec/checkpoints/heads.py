@@ -162,13 +162,7 @@ def convert_head(src: str, dst: str, dtype: str = "bfloat16", *, overwrite: bool
     if kind not in KINDS:
         raise ValueError(f"{src!r}: kind {kind!r} is not a head kind ({sorted(KINDS)})")
     manifest = read_head_manifest(src, kind)
-    if kind == "eagle3":
-        cfg = manifest["config"]
-        shapes, what = {"head": eagle3.param_shapes(cfg), "d2t": (cfg.draft_vocab,)}, cfg.layer.name
-    else:
-        n, d = manifest["n_heads"], manifest["target"].dim
-        shapes, what = {"heads": [{"b": (d,), "w": (d, d)} for _ in range(n)]}, f"{n} Medusa heads"
-    tree = _restore(src, shapes, manifest, what)
+    tree = _restore(src, *_stored_shapes(manifest), manifest)
     cast = jax.tree_util.tree_map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
     with open(os.path.join(src, MANIFEST)) as f:
         raw = json.load(f)
@@ -244,7 +238,7 @@ def load_eagle_head(path: str, target, config: ModelConfig | None = None, *, gam
     path = os.path.abspath(path)
     manifest, config = _checked(path, "eagle3", target, config)
     cfg = manifest["config"]
-    tree = _restore(path, {"head": eagle3.param_shapes(cfg), "d2t": (cfg.draft_vocab,)}, manifest, cfg.layer.name)
+    tree = _restore(path, *_stored_shapes(manifest), manifest)
     d2t = np.asarray(tree["d2t"])
     if len(set(d2t.tolist())) != d2t.size or d2t.min() < 0 or d2t.max() >= config.vocab_size:
         raise ValueError(f"{path!r}: d2t must hold {cfg.draft_vocab} distinct target ids in [0, {config.vocab_size})")
@@ -267,10 +261,10 @@ def load_medusa_heads(path: str, target, config: ModelConfig | None = None, *, t
 
     path = os.path.abspath(path)
     manifest, config = _checked(path, "medusa1", target, config)
-    n, d = manifest["n_heads"], config.dim
+    n = manifest["n_heads"]
     if len(topk) > n:
         raise ValueError(f"topk {tuple(topk)} has {len(topk)} depths but {path!r} holds {n} Medusa heads")
-    tree = _restore(path, {"heads": [{"b": (d,), "w": (d, d)} for _ in range(n)]}, manifest, f"{n} Medusa heads")
+    tree = _restore(path, *_stored_shapes(manifest), manifest)
     return MedusaDrafter(config, topk=tuple(topk)), {"heads": _as_target_dtype(list(tree["heads"]), target)}
 
 
@@ -282,7 +276,17 @@ def _as_target_dtype(tree, target):
     return jax.tree_util.tree_map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
-def _restore(path: str, shapes: dict, manifest: dict, what: str) -> dict:
+def _stored_shapes(manifest: dict) -> tuple[dict, str]:
+    """The params pytree (shape tuples as leaves) a head of this manifest stores, and what to
+    call it in errors."""
+    if manifest["kind"] == "eagle3":
+        cfg = manifest["config"]
+        return {"head": eagle3.param_shapes(cfg), "d2t": (cfg.draft_vocab,)}, cfg.layer.name
+    n, d = manifest["n_heads"], manifest["target"].dim
+    return {"heads": [{"b": (d,), "w": (d, d)} for _ in range(n)]}, f"{n} Medusa heads"
+
+
+def _restore(path: str, shapes: dict, what: str, manifest: dict) -> dict:
     import orbax.checkpoint as ocp
 
     params_dir = os.path.join(path, "params")
