@@ -21,7 +21,6 @@ import json
 import os
 import sys
 
-import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -51,14 +50,13 @@ def main(argv=None) -> int:
     model = jaxspec.load(args.model)
     head = args.eagle_head or jaxspec.shipped_head(args.model, "eagle3")
     seqs = drafter_data.load_sequences(args.sequences, model.params)
-    # the trainer's split (train_eagle.split): a permutation seeded by [seed, 2^20], held out first
-    perm = np.random.default_rng([args.seed, 1 << 20]).permutation(len(seqs))
-    n_hold = min(max(1, round(len(seqs) * args.holdout)), len(seqs) - 1)
+    train, held_out = train_eagle.split_indices(len(seqs), train_eagle.TrainConfig(seed=args.seed,
+                                                                                   holdout=args.holdout))
     tok = model.tokenizer
     spec_bench = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]), add_bos=False)
                   for q in load_questions(QUESTIONS, 1)[: args.n]]
-    sets = {"held_out": [seqs[i][0][: seqs[i][1]] for i in perm[: min(args.n, n_hold)]],
-            "trained_on": [seqs[i][0][: seqs[i][1]] for i in perm[n_hold : n_hold + args.n]],
+    sets = {"held_out": [seqs[i][0][: seqs[i][1]] for i in held_out[: args.n]],
+            "trained_on": [seqs[i][0][: seqs[i][1]] for i in train[: args.n]],
             "spec_bench": spec_bench}
     results = {}
     for name, prompts in sets.items():

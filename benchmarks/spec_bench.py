@@ -532,9 +532,10 @@ def main(argv=None) -> int:
     tok = model.tokenizer
     if tok is None:
         raise SystemExit(f"error: {args.model} has no tokenizer: the questions are text")
-    heads = {kind: path or (jaxspec.shipped_head(args.model, f"{kind}{v}") if any(m.kind == kind for m in methods)
-                            else None)
-             for kind, v, path in (("eagle", 3, args.eagle_head), ("medusa", 1, args.medusa_heads))}
+    heads = {"eagle": args.eagle_head, "medusa": args.medusa_heads}
+    for kind, name in jaxspec.checkpoints.heads.KINDS.items():  # "eagle3" -> "eagle": the shipped head
+        if heads[name] is None and any(m.kind == name for m in methods):
+            heads[name] = jaxspec.shipped_head(args.model, kind)
     jax_runner = JaxRunner(model, draft_model, args.ngram_max, args.ngram_min, heads["eagle"], heads["medusa"])
     for m in methods:  # a missing or foreign head fails here, before anything runs
         if m.kind in ("eagle", "medusa"):

@@ -368,12 +368,18 @@ def batch_indices(cfg: TrainConfig, step: int, n: int) -> np.ndarray:
     return np.random.default_rng([cfg.seed, step]).choice(n, cfg.batch, replace=n < cfg.batch)
 
 
-def split(data: Dataset, cfg: TrainConfig) -> tuple[Dataset, Dataset]:
-    """(train, held-out): a seeded permutation; ``holdout`` of the rows (at least 1 when > 0)."""
-    q = len(data.tokens)
+def split_indices(q: int, cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(train, held-out) row indices of ``q`` sequences, each sorted: a permutation seeded by
+    ``cfg.seed``; ``holdout`` of the rows (at least 1 when > 0)."""
     perm = np.random.default_rng([cfg.seed, 1 << 20]).permutation(q)
     n_hold = 0 if cfg.holdout == 0 else min(max(1, round(q * cfg.holdout)), q - 1)
-    return data.rows(np.sort(perm[n_hold:])), data.rows(np.sort(perm[:n_hold]))
+    return np.sort(perm[n_hold:]), np.sort(perm[:n_hold])
+
+
+def split(data: Dataset, cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+    """(train, held-out) rows of ``data`` (``split_indices``)."""
+    train, held_out = split_indices(len(data.tokens), cfg)
+    return data.rows(train), data.rows(held_out)
 
 
 # ---------------------------------------------------------------------------- checkpoints
