@@ -174,3 +174,22 @@ def release_compiled_programs():
     jaxspec.api._COMPILED.clear()
     jaxspec.api._jitted.cache_clear()
     jax.clear_caches()
+
+
+# Longest files first (seconds per file on 2 cores, from `pytest --durations=0`), so that under
+# `-n 2 --dist loadfile` the short files fill in at the end instead of one long file running
+# alone on one core while the other idles (the longest-processing-time-first rule). xdist
+# would otherwise order files by their number of tests (its --loadscope-reorder default).
+LONGEST_FIRST = ("test_sharding.py", "test_smollm2.py", "test_engine.py", "test_distribution.py", "test_colab.py",
+                 "test_trees.py", "test_cli.py", "test_qwen.py", "test_sampling_settings.py", "test_eagle.py",
+                 "test_spec_bench.py", "test_medusa.py", "test_lookahead.py", "test_gemma3.py", "test_checkpoints.py")
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist is installed
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: tests keep their order in a file

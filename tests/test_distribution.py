@@ -48,6 +48,7 @@ rows 0.6 s here), so the program is jitted here with the smallest cache (16 slot
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -384,14 +385,6 @@ SETTINGS = {
 }
 
 
-def _sampling_history(prompt, generated, b):
-    """``History`` of ``b`` rows with the same prompt and generated tokens."""
-    h = History.from_prompt(jnp.asarray([prompt] * b, jnp.int32), jnp.full((b,), len(prompt), jnp.int32), V)
-    if generated:
-        h = h.add(jnp.asarray([generated] * b, jnp.int32), jnp.ones((b, len(generated)), bool))
-    return h
-
-
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_processing_matches_reference(name):
     """``processed_probs`` (thresholds by bisection, penalties from ``History``) equals the
@@ -400,15 +393,22 @@ def test_processing_matches_reference(name):
     magnitude: a few ulps of 1)."""
     logits = _prefix_logits("target", TARGET_SEED)
     last = len(PROMPT) - 1
-    sp = SamplingParams.make(1, **SETTINGS[name])
     worst = 0.0
-    for generated in [[]] + [[a] for a in range(V)] + [[a, b] for a in range(V) for b in range(V)]:
-        row = generated[0] * V + generated[1] if len(generated) == 2 else (generated[0] * V if generated else 0)
-        x = logits[row, last + len(generated)]
-        ours = np.asarray(processed_probs(jnp.asarray(x[None], jnp.float32), sp, _sampling_history(PROMPT, generated, 1)))[0]
-        ref = reference_probs(x, PROMPT, generated, SETTINGS[name])
-        np.testing.assert_array_equal(ours > 0, ref > 0, err_msg=f"{name} support after {generated}")
-        worst = max(worst, float(np.abs(ours - ref).max()))
+    # one call per generated length (1, V and V^2 rows: every continuation of that length at once)
+    for n in range(N_NEW):
+        continuations = [list(g) for g in itertools.product(range(V), repeat=n)]
+        rows = [int(np.ravel_multi_index(g, (V,) * n)) * V ** (2 - n) if n else 0 for g in continuations]
+        x = logits[rows, last + n]
+        sp = SamplingParams.make(len(rows), **SETTINGS[name])
+        history = History.from_prompt(jnp.asarray([PROMPT] * len(rows), jnp.int32),
+                                      jnp.full((len(rows),), len(PROMPT), jnp.int32), V)
+        if n:
+            history = history.add(jnp.asarray(continuations, jnp.int32), jnp.ones((len(rows), n), bool))
+        ours = np.asarray(processed_probs(jnp.asarray(x, jnp.float32), sp, history))
+        for generated, p_ours, x_row in zip(continuations, ours, x):
+            ref = reference_probs(x_row, PROMPT, generated, SETTINGS[name])
+            np.testing.assert_array_equal(p_ours > 0, ref > 0, err_msg=f"{name} support after {generated}")
+            worst = max(worst, float(np.abs(p_ours - ref).max()))
     assert worst < 2e-6, worst
 
 

@@ -1,7 +1,7 @@
 """Sharded generation (DESIGN.md invariant 6): on 8 virtual CPU devices, meshes 1x8, 2x4, 4x2
 and 8x1 give the tokens of the unsharded run, greedy and seeded sampling (with penalties and
-truncation), batch 1 and 4 (batch 1 padded to the data axis), every drafter kind on every
-mesh (``sharded_cases.CASES``, each at batch 1 or 4 by turns), a sharded draft model, a target with
+truncation), batch 1 and 4 (batch 1 padded to the data axis), plain decoding on every mesh
+and every drafter kind on two (``sharded_cases.CASES``), a sharded draft model, a target with
 every family switch, logprobs; each device holds its share of the target's bytes; an orbax
 checkpoint restores onto the mesh; two processes joined by ``jax.distributed`` give the
 tokens of one; bad meshes fail before any compile.
@@ -53,7 +53,7 @@ def checkpoint(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def single(checkpoint) -> dict:
-    """Every case of ``sharded_cases.CASES`` on one 8-device process (~440 s on 2 CPU cores)."""
+    """Every case of ``sharded_cases.CASES`` on one 8-device process (~390 s on 2 CPU cores)."""
     cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "single", checkpoint]
     return _json(subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1800))
 
@@ -103,7 +103,7 @@ def test_one_program_per_generate(single, name):
 def test_sharded_cases_accept_drafts(single):
     """The comparison covers multi-token commits: with the noisy-target drafter and early exit,
     every batch-4 row accepts drafts (seen: 5-8 of 10 tokens per row)."""
-    for name in ("1x8-model_sharded-b4", "4x2-model-b4", "8x1-early_exit-b4", "2x4-early_exit-b4"):
+    for name in ("1x8-model_sharded-b4", "4x2-model-b4", "2x4-early_exit-b4"):
         assert min(single["cases"][name]["sharded"]["accepted"]) > 0, name
 
 
