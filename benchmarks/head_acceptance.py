@@ -1,6 +1,6 @@
 """Does a trained draft head draft as well at serving time as training said it would, and how
 much of that carries over to other prompts? Greedy tau and acceptance per draft position of
-an EAGLE-3 head on (a) prompts held out of its training (the trainer's own seeded split of
+an EAGLE-3 head (or Medusa-1 heads, ``--kind medusa1``: a chain of their argmaxes) on (a) prompts held out of its training (the trainer's own seeded split of
 ``--sequences``), (b) prompts it was trained on, (c) Spec-Bench questions (first turn, chat
 template), each compared with plain decoding (outputs must be identical).
 
@@ -36,7 +36,8 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--eagle-head", default=None, help="default: the head shipped for --model")
+    ap.add_argument("--kind", default="eagle3", choices=["eagle3", "medusa1"])
+    ap.add_argument("--head", "--eagle-head", default=None, help="default: the head of --kind shipped for --model")
     ap.add_argument("--sequences", required=True, help="the training answers (train-eagle's --sequences)")
     ap.add_argument("--seed", type=int, default=train_eagle.TrainConfig.seed, help="the training run's --seed")
     ap.add_argument("--holdout", type=float, default=train_eagle.TrainConfig.holdout)
@@ -45,10 +46,10 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    out = args.out or os.path.join(HERE, "results", f"head_acceptance_{args.model}_{_dt.date.today()}")
+    out = args.out or os.path.join(HERE, "results", f"head_acceptance_{args.model}_{args.kind}_{_dt.date.today()}")
 
     model = jaxspec.load(args.model)
-    head = args.eagle_head or jaxspec.shipped_head(args.model, "eagle3")
+    head = args.head or jaxspec.shipped_head(args.model, args.kind)
     seqs = drafter_data.load_sequences(args.sequences, model.params)
     train, held_out = train_eagle.split_indices(len(seqs), train_eagle.TrainConfig(seed=args.seed,
                                                                                    holdout=args.holdout))
@@ -62,7 +63,8 @@ def main(argv=None) -> int:
     for name, prompts in sets.items():
         plain = jaxspec.generate(model, prompts, max_new_tokens=args.max_new_tokens)
         for g in (int(x) for x in args.gammas.split(",")):
-            drafter, params = jaxspec.load_eagle_head(head, model, gamma=g)
+            drafter, params = (jaxspec.load_eagle_head(head, model, gamma=g) if args.kind == "eagle3"
+                               else jaxspec.load_medusa_heads(head, model, topk=(1,) * g))
             res = jaxspec.generate(model, prompts, max_new_tokens=args.max_new_tokens, drafter=drafter,
                                    drafter_params=params)
             m = res.metrics

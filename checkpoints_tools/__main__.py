@@ -57,10 +57,12 @@ def main(argv=None) -> int:
         if name == "train-medusa":
             t.add_argument("--heads", type=int, default=4, help="Medusa heads (default: 4)")
         for f in dataclasses.fields(TrainConfig):
-            if name == "train-medusa" and f.name in ("draft_vocab", "unroll", "ffn_dim", "soft_topk"):
+            if name == "train-medusa" and f.name in ("unroll", "ffn_dim", "soft_topk"):
                 continue
+            # train-medusa --draft-vocab 0: the target's whole output head (8192 chosen by measurement: README)
+            whole = "; 0: the whole vocabulary" if (name, f.name) == ("train-medusa", "draft_vocab") else ""
             t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
-                           help=f"(default: {f.default})")
+                           help=f"(default: {f.default}{whole})")
     args = parser.parse_args(argv)
 
     try:
@@ -118,9 +120,7 @@ def _train_head(args) -> int:
         sequences = drafter_data.load_sequences(args.sequences, model.params)
         ids = [s[:n] for s, n in sequences]
         print(f"{len(sequences)} answered prompts from {args.sequences}")
-    if medusa_heads:  # the draft vocabulary is an EAGLE setting
-        cfg = dataclasses.replace(cfg, draft_vocab=min(cfg.draft_vocab, model.config.vocab_size))
-    cfg.check(model.config.vocab_size)
+    cfg.check(model.config.vocab_size, medusa=medusa_heads > 0)
     if model.tokenizer is None:
         raise ValueError(f"{args.model} has no tokenizer: train-eagle needs one to encode the prompts")
     if sequences is None:

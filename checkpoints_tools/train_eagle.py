@@ -59,7 +59,8 @@ class TrainConfig:
     """Training settings (every one checked by ``check``).
 
     Attributes:
-      draft_vocab: Vd, tokens the head drafts (<= the target's vocabulary).
+      draft_vocab: Vd, tokens the head drafts (<= the target's vocabulary; Medusa: 0 drafts
+        from the whole vocabulary through the target's own output head).
       steps: optimizer steps; batch: sequences per step.
       lr: peak learning rate; warmup: linear warmup steps (< steps); then cosine decay to
         ``lr * final_lr_frac``.
@@ -89,14 +90,17 @@ class TrainConfig:
     ffn_dim: int = 0
     soft_topk: int = 32
 
-    def check(self, vocab_size: int) -> None:
-        """Raise ``ValueError`` naming the setting and its limit."""
+    def check(self, vocab_size: int, medusa: bool = False) -> None:
+        """Raise ``ValueError`` naming the setting and its limit (``medusa``: Medusa heads,
+        which also take ``draft_vocab`` 0)."""
         def need(ok, what):
             if not ok:
                 raise ValueError(what)
 
-        need(isinstance(self.draft_vocab, int) and 2 <= self.draft_vocab <= vocab_size,
-             f"--draft-vocab must be in [2, {vocab_size}] (the target's vocabulary), got {self.draft_vocab}")
+        need(isinstance(self.draft_vocab, int) and (2 <= self.draft_vocab <= vocab_size
+                                                    or (medusa and self.draft_vocab == 0)),
+             f"--draft-vocab must be in [2, {vocab_size}] (the target's vocabulary)"
+             f"{' or 0 (all of it)' if medusa else ''}, got {self.draft_vocab}")
         need(self.soft_topk >= 0, f"--soft-topk must be >= 0 (0: the whole draft vocabulary), got {self.soft_topk}")
         for name in ("steps", "batch", "unroll", "save_every", "eval_every"):
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
@@ -243,6 +247,7 @@ class EagleRecipe:
 
     config: EagleConfig
     unroll: int
+    kind = "eagle"
 
     @property
     def n_steps(self) -> int:
@@ -453,7 +458,7 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
     """
     from tqdm import tqdm
 
-    cfg.check(target_config.vocab_size)
+    cfg.check(target_config.vocab_size, medusa=recipe is not None and recipe.kind == "medusa")
     if recipe is None:
         recipe = EagleRecipe(EagleConfig(target_config, cfg.draft_vocab, ffn_dim=cfg.ffn_dim), cfg.unroll)
     recipe.check(data)
@@ -500,7 +505,7 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
     are those of ``OUT/train.json``: changing the steps or the learning rate does not redo the
     target's features.
     ``medusa_heads`` > 0 trains that many Medusa-1 heads instead of an EAGLE-3 head
-    (``checkpoints_tools.train_medusa``; the draft vocabulary is not used).
+    (``checkpoints_tools.train_medusa``; ``cfg.draft_vocab`` 0: over the whole vocabulary).
 
     Args:
       model: the target ``jaxspec.Model`` (or an object with ``params`` and ``config``).
@@ -520,7 +525,7 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
     from checkpoints_tools import drafter_data
 
     config, params = model.config, model.params
-    cfg.check(config.vocab_size)
+    cfg.check(config.vocab_size, medusa=medusa_heads > 0)
     if not prompt_ids:
         raise ValueError("the training data is empty: no prompt")
     if max_new_tokens < 1:
@@ -565,21 +570,21 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
                 sequences = drafter_data.self_distill(model, prompt_ids, max_new_tokens=max_new_tokens,
                                                       batch=gen_batch, progress=bar.update)
         drafter_data.save_sequences(os.path.join(out_dir, "sequences.json"), sequences, params, max_new_tokens)
-        if medusa_heads:
-            d2t, capture = np.zeros((0,), np.int32), None
-        else:
+        d2t = np.zeros((0,), np.int32)
+        if cfg.draft_vocab:
             d2t = drafter_data.draft_vocabulary(sequences, cfg.draft_vocab, config.vocab_size)
             log(f"draft vocabulary: {cfg.draft_vocab} tokens cover {drafter_data.coverage(sequences, d2t):.1%} of "
                 f"the answer tokens")
-            capture = EagleConfig(config, cfg.draft_vocab).capture
+        capture = None if medusa_heads else EagleConfig(config, cfg.draft_vocab).capture
         with tqdm(total=len(sequences), disable=not progress, desc="target features") as bar:
             data = build_dataset(params, config, sequences, d2t, capture, batch=gen_batch, progress=bar.update,
-                                 soft_topk=cfg.soft_topk)
+                                 soft_topk=1 if medusa_heads else cfg.soft_topk)  # Medusa: hard labels
         data.save(data_file)
     recipe = None
     if medusa_heads:
         from checkpoints_tools.train_medusa import MedusaRecipe
 
-        recipe = MedusaRecipe(config, medusa_heads)
+        answer = int(data.loss_mask.sum(axis=1).max())  # the longest answer: the span the losses read
+        recipe = MedusaRecipe(config, medusa_heads, cfg.draft_vocab, span=answer)
     return train(params, config, data, cfg, out_dir, resume_from=resume_step, progress=progress, recipe=recipe,
                  log=log)

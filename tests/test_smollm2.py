@@ -130,3 +130,21 @@ def test_shipped_eagle_head_greedy_equals_plain():
                                 drafter_params=dparams)
         assert spec.tokens == base.tokens, kw
         assert spec.metrics.tau > TAU_FLOOR, (kw, spec.metrics.tau)
+
+# Measured on these prompts (2026-12-02, CPU float32): tau 1.73 for the (2, 2, 1) tree; floor as TAU_FLOOR's.
+MEDUSA_TAU_FLOOR = 1.3
+
+
+def test_shipped_medusa_heads_greedy_equal_plain():
+    """Issue 11: the Medusa-1 heads that ship for SmolLM2 (bfloat16, over an 8192-token draft
+    vocabulary, trained as the README says) load for the packaged model and, as a static tree
+    of their top-(2, 2, 1), give plain decoding's output on the 3 prompts with drafts
+    accepted: tau above MEDUSA_TAU_FLOOR (measured on these prompts: see the constant)."""
+    model = smollm2()
+    drafter, dparams = jaxspec.load_medusa_heads(jaxspec.shipped_head("smollm2-135m", "medusa1"), model,
+                                                 topk=(2, 2, 1))
+    assert dparams["d2t"].shape == (8192,)
+    spec = jaxspec.generate(model, PROMPTS, chat=True, max_new_tokens=NEW_TOKENS, drafter=drafter,
+                            drafter_params=dparams)
+    assert spec.tokens == plain().tokens
+    assert spec.metrics.tau > MEDUSA_TAU_FLOOR, spec.metrics.tau

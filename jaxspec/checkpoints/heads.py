@@ -8,7 +8,8 @@ Directory layout (``save_head``)::
                       "tensors": {"head/fc": [[3D, D], "float32", "sha256 of the bytes"], ...},
                       "training": {...settings and final numbers...}}
     HEAD/params/     orbax PyTree checkpoint: EAGLE-3 {"head": params, "d2t": int32 [Vd]};
-                     Medusa-1 {"heads": [{"w": [D, D], "b": [D]}, ...]}
+                     Medusa-1 {"heads": [{"w": [D, D], "b": [D]}, ...]} (+ "d2t" int32 [Vd]
+                     when the heads draft from a reduced vocabulary; config "draft_vocab")
 
 A head is tied to its target by the target's config (every field but the name) and a
 fingerprint of its weights (``fingerprint``), both checked before the head's params are read.
@@ -110,13 +111,17 @@ def save_head(dst: str, head: dict, d2t, config: EagleConfig, target_params: Any
                  fingerprint(target_params), training, overwrite)
 
 
-def save_medusa_heads(dst: str, heads: dict, target: ModelConfig, target_params: Any, *,
+def save_medusa_heads(dst: str, heads: dict, target: ModelConfig, target_params: Any, *, d2t=None,
                       training: dict | None = None, overwrite: bool = False) -> str:
-    """Write Medusa-1 heads (``{"heads": [{"w", "b"}, ...]}``) for ``target`` at ``dst``; as
+    """Write Medusa-1 heads (``{"heads": [{"w", "b"}, ...]}``) for ``target`` at ``dst``, with
+    the draft vocabulary ``d2t`` (int32 ``[Vd]`` target ids) they draft from, if any; as
     ``save_head``."""
-    config = {"target": target.to_dict(), "n_heads": len(heads["heads"])}
-    return _save(dst, {"heads": list(heads["heads"])}, "medusa1", config, fingerprint(target_params), training,
-                 overwrite)
+    tree = {"heads": list(heads["heads"])}
+    config = {"target": target.to_dict(), "n_heads": len(tree["heads"]), "draft_vocab": 0}
+    if d2t is not None:
+        tree["d2t"] = np.asarray(d2t, np.int32)
+        config["draft_vocab"] = int(tree["d2t"].size)
+    return _save(dst, tree, "medusa1", config, fingerprint(target_params), training, overwrite)
 
 
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shipped_heads")
@@ -195,6 +200,7 @@ def read_head_manifest(path: str, kind: str = "eagle3") -> dict:
         else:
             manifest["target"] = ModelConfig.from_dict(manifest["config"]["target"])
             manifest["n_heads"] = int(manifest["config"]["n_heads"])
+            manifest["draft_vocab"] = int(manifest["config"].get("draft_vocab", 0))
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{file!r}: not a readable {name} head manifest: {e}") from e
     return manifest
@@ -239,11 +245,16 @@ def load_eagle_head(path: str, target, config: ModelConfig | None = None, *, gam
     manifest, config = _checked(path, "eagle3", target, config)
     cfg = manifest["config"]
     tree = _restore(path, *_stored_shapes(manifest), manifest)
-    d2t = np.asarray(tree["d2t"])
-    if len(set(d2t.tolist())) != d2t.size or d2t.min() < 0 or d2t.max() >= config.vocab_size:
-        raise ValueError(f"{path!r}: d2t must hold {cfg.draft_vocab} distinct target ids in [0, {config.vocab_size})")
     drafter = EagleDrafter(cfg, gamma=gamma, tree_nodes=tree_nodes, branching=branching)
-    return drafter, {"head": _as_target_dtype(tree["head"], target), "d2t": jnp.asarray(d2t, jnp.int32)}
+    return drafter, {"head": _as_target_dtype(tree["head"], target), "d2t": _checked_d2t(path, tree["d2t"], config)}
+
+
+def _checked_d2t(path: str, d2t, config: ModelConfig) -> jax.Array:
+    """A head's draft-to-target id map, once known to hold distinct target ids."""
+    d2t = np.asarray(d2t)
+    if len(set(d2t.tolist())) != d2t.size or d2t.min() < 0 or d2t.max() >= config.vocab_size:
+        raise ValueError(f"{path!r}: d2t must hold {d2t.size} distinct target ids in [0, {config.vocab_size})")
+    return jnp.asarray(d2t, jnp.int32)
 
 
 def load_medusa_heads(path: str, target, config: ModelConfig | None = None, *, topk: tuple[int, ...] = (1, 1, 1, 1)):
@@ -265,7 +276,10 @@ def load_medusa_heads(path: str, target, config: ModelConfig | None = None, *, t
     if len(topk) > n:
         raise ValueError(f"topk {tuple(topk)} has {len(topk)} depths but {path!r} holds {n} Medusa heads")
     tree = _restore(path, *_stored_shapes(manifest), manifest)
-    return MedusaDrafter(config, topk=tuple(topk)), {"heads": _as_target_dtype(list(tree["heads"]), target)}
+    params = {"heads": _as_target_dtype(list(tree["heads"]), target)}
+    if manifest["draft_vocab"]:
+        params["d2t"] = _checked_d2t(path, tree["d2t"], config)
+    return MedusaDrafter(config, topk=tuple(topk)), params
 
 
 def _as_target_dtype(tree, target):
@@ -282,8 +296,9 @@ def _stored_shapes(manifest: dict) -> tuple[dict, str]:
     if manifest["kind"] == "eagle3":
         cfg = manifest["config"]
         return {"head": eagle3.param_shapes(cfg), "d2t": (cfg.draft_vocab,)}, cfg.layer.name
-    n, d = manifest["n_heads"], manifest["target"].dim
-    return {"heads": [{"b": (d,), "w": (d, d)} for _ in range(n)]}, f"{n} Medusa heads"
+    n, d, vd = manifest["n_heads"], manifest["target"].dim, manifest["draft_vocab"]
+    shapes = {"heads": [{"b": (d,), "w": (d, d)} for _ in range(n)], **({"d2t": (vd,)} if vd else {})}
+    return shapes, f"{n} Medusa heads" + (f" over {vd} draft tokens" if vd else "")
 
 
 def _restore(path: str, shapes: dict, what: str, manifest: dict) -> dict:

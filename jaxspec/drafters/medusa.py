@@ -5,14 +5,18 @@ target's own head predicts the next one: the bonus token, already emitted).
 
 Head i is one residual SiLU block, ``h + SiLU(h @ w_i + b_i)``, followed by the target's own
 output head, shared and frozen (Medusa initialises each head's output layer from it; sharing
-it keeps a head at D^2 + D parameters). The heads see no draft token, so a proposal is a
+it keeps a head at D^2 + D parameters). With a draft vocabulary ``d2t`` (int32 ``[Vd]``
+target ids) the head keeps only those rows of the target's output head: ``V / Vd`` times less
+work per head, and tokens outside it are never drafted (acceptance, never exactness: EAGLE-3's
+reduced vocabulary, Li et al. 2025, Sec. 3). The heads see no draft token, so a proposal is a
 STATIC tree (Sec. 2.1.2, "tree attention"): ``topk = (k_1, .., k_gamma)`` gives every node at
 depth d the ``k_{d+1}`` best tokens of head d as children, the Cartesian product of the
 heads' top-k. The selection is deterministic: acceptance treats nodes as one-hot proposals,
 lossless at any temperature. The state is the one hidden state the heads read; no cache.
 
-Params: ``{"heads": [{"w": [D, D], "b": [D]}, ...]}`` (``n_heads`` of them);
-``select_params`` adds the target's output head.
+Params: ``{"heads": [{"w": [D, D], "b": [D]}, ...]}`` (``n_heads`` of them), optionally
+``"d2t"``; ``select_params`` adds the target's output head (``"out"``), or its ``d2t`` rows
+(``"rows"`` ``[Vd, D]``).
 """
 
 from __future__ import annotations
@@ -39,11 +43,24 @@ def init_heads(config: ModelConfig, n_heads: int, key: jax.Array, dtype=jnp.floa
                        "b": jnp.zeros((d,), dtype)} for k in keys]}
 
 
+def output_rows(target_params: dict, config: ModelConfig, d2t: jax.Array) -> jax.Array:
+    """The target output head's rows of the draft vocabulary ``d2t`` (int32 ``[Vd]``):
+    ``[Vd, D]`` in the head's dtype (the tied embedding's rows, or ``lm_head``'s columns)."""
+    if config.tie_embeddings:
+        return jnp.take(target_params["embed"], d2t, axis=0)
+    return jnp.take(target_params["lm_head"], d2t, axis=1).T
+
+
 def head_logits(params: dict, config: ModelConfig, hidden: jax.Array, i: int) -> jax.Array:
-    """Head ``i``'s float32 logits ``[..., V]`` from target final hidden states ``[..., D]``."""
+    """Head ``i``'s float32 logits from target final hidden states ``[..., D]``: ``[..., V]``
+    over the target's vocabulary, or ``[..., Vd]`` over the draft vocabulary when ``params``
+    holds ``"rows"`` (``output_rows``), soft-capped like the target's."""
     head = params["heads"][i]
     h = hidden + jax.nn.silu(hidden @ head["w"] + head["b"])
-    return models.logits_from_hidden(params["out"], config, h)
+    if "rows" not in params:
+        return models.logits_from_hidden(params["out"], config, h)
+    out = jnp.einsum("...d,vd->...v", h, params["rows"], preferred_element_type=jnp.float32)
+    return config.final_softcap * jnp.tanh(out / config.final_softcap) if config.final_softcap else out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +114,10 @@ class MedusaDrafter:
         return np.array(parents, np.int32), np.array(depth), np.array(rank)
 
     def select_params(self, target_params: Any, drafter_params: Any) -> Any:
+        if "d2t" in drafter_params:
+            d2t = jnp.asarray(drafter_params["d2t"], jnp.int32)
+            return {"heads": drafter_params["heads"], "d2t": d2t,
+                    "rows": output_rows(target_params, self.config, d2t)}
         out = {k: target_params[k] for k in ("embed", "lm_head") if k in target_params}
         return {"heads": drafter_params["heads"], "out": out}
 
@@ -112,6 +133,12 @@ class MedusaDrafter:
             if tuple(h["w"].shape) != (d, d) or tuple(h["b"].shape) != (d,):
                 raise ValueError(f"Medusa head {i} has w {tuple(h['w'].shape)}, b {tuple(h['b'].shape)}; the target "
                                  f"needs ({d}, {d}) and ({d},)")
+        if "d2t" in drafter_params:
+            d2t = np.asarray(drafter_params["d2t"])
+            v = target_config.vocab_size
+            if d2t.ndim != 1 or not 1 <= d2t.size <= v or d2t.min() < 0 or d2t.max() >= v:
+                raise ValueError(f"drafter_params['d2t'] must be int [Vd] target ids in [0, {v}) with "
+                                 f"1 <= Vd <= {v}, got shape {d2t.shape}")
 
     def init(self, params, prefill, max_len):
         last = (prefill.prompt_lens - 1)[:, None, None]
@@ -121,6 +148,8 @@ class MedusaDrafter:
         parents, depth, rank = self._topology()
         b = state.shape[0]
         best = [jax.lax.top_k(head_logits(params, self.config, state, d), k)[1] for d, k in enumerate(self.topk)]
+        if "d2t" in params:  # draft-vocabulary indices -> target ids
+            best = [params["d2t"][ids] for ids in best]
         tokens = jnp.stack([best[d][:, r] for d, r in zip(depth, rank)], axis=1).astype(jnp.int32)
         n = self.n_nodes
         return state, Proposal(tokens, jnp.broadcast_to(jnp.asarray(parents), (b, n)), jnp.ones((b, n), bool), None)
