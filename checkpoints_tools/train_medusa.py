@@ -82,14 +82,14 @@ class MedusaRecipe:
         ces, accs = [], []
         for i in range(self.n_heads):
             logits = medusa.head_logits(params, self.config, feats, i)
-            label = _shift(top, i + 1)[:, : feats.shape[1]]
+            target = _shift(top, i + 1)[:, : feats.shape[1]]  # the target's token, a target id
             valid = _shift(mask, i + 1)[:, : feats.shape[1]].astype(jnp.float32)
-            if self.draft_vocab:
-                label, drafted = t2d[label], batch["d2t"][jnp.argmax(logits, axis=-1)]
-                hit = drafted == _shift(top, i + 1)[:, : feats.shape[1]]
+            drafted = jnp.argmax(logits, axis=-1)
+            label, in_vocab = target, valid
+            if self.draft_vocab:  # labels as draft indices (-1: not draftable), drafts as target ids
+                label, drafted = t2d[target], batch["d2t"][drafted]
                 in_vocab = valid * (label >= 0)
-            else:
-                hit, in_vocab = jnp.argmax(logits, axis=-1) == label, valid
+            hit = drafted == target
             lp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), jnp.maximum(label, 0)[..., None],
                                      axis=-1)[..., 0]
             ces.append(-jnp.sum(lp * in_vocab) / jnp.maximum(in_vocab.sum(), 1.0))
