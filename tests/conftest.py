@@ -11,6 +11,9 @@ and ``max_new_tokens`` small enough that every call lands in the same 256-slot c
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -186,9 +189,28 @@ LONGEST_FIRST = ("test_distribution.py", "test_sharding.py", "test_smollm2.py", 
 # measured 2026-12-02 (seconds): 581, 439, 437, 417, 395, 306, 268, 202, 139, 119, 117, 96, 49, 44, 41
 
 
+# One persistent XLA compilation cache per test run (jax's ``jax_compilation_cache_dir``, the
+# mechanism of ``jaxspec.compile_cache``), shared by both xdist workers, every module (the
+# per-module ``jax.clear_caches()`` above empties only the in-memory caches) and subprocesses
+# (the notebook's kernel, the CLI runs), so a program that several files compile (the tiny
+# target's plain and chain programs, SmolLM2's) is compiled once per run. The controller
+# imports this file first, creates the directory and exports it; workers inherit the variable.
+# A directory the user set is used and kept; the run's own is removed at the end. Programs are
+# keyed by their HLO and compile options, so a cache hit is the same executable.
+_OWN_CACHE = "JAX_COMPILATION_CACHE_DIR" not in os.environ
+if _OWN_CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxspec-tests-xla-")
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+
+
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist is installed
         config.option.loadscopereorder = False
+
+
+def pytest_unconfigure(config):
+    if _OWN_CACHE:
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

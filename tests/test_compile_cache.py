@@ -23,7 +23,8 @@ print(json.dumps({"dir": d, "hits": compile_cache.hits()}))
 
 def run_fresh(tmp_path, **env) -> dict:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "JAXSPEC_CACHE": str(tmp_path), "JAX_PLATFORMS": "cpu",
+    inherited = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # not conftest's cache
+    env = {**inherited, "JAXSPEC_CACHE": str(tmp_path), "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]), **env}
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
