@@ -20,8 +20,9 @@ import tempfile
 # compares programs with each other (speculative vs plain, sharded vs not), never their speed,
 # so it compiles at LLVM -O0. Measured on 2 cores: the whole suite (-n 2) 1862 s -> 1412 s, all
 # 510 passing; test_engine.py alone 248 s -> 197 s, test_smollm2.py 305 s -> 310 s (its slower
-# kernels eat the saving), test_distribution.py 522 -> 614 s (its many sampling runs). Set here, before any backend starts, so workers,
-# the sharded cases and the notebook's kernel inherit it; a user's own level is kept.
+# kernels eat the saving), test_distribution.py 522 -> 614 s (its many sampling runs). Set here,
+# before any backend starts, so workers, the sharded cases and the notebook's kernel inherit
+# it; a user's own level is kept.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
 
