@@ -194,10 +194,11 @@ def release_compiled_programs():
 # `-n 2 --dist loadfile` the short files fill in at the end instead of one long file running
 # alone on one core while the other idles (the longest-processing-time-first rule). xdist
 # would otherwise order files by their number of tests (its --loadscope-reorder default).
-LONGEST_FIRST = ("test_distribution.py", "test_sharding.py", "test_smollm2.py", "test_engine.py", "test_trees.py",
-                 "test_colab.py", "test_sampling_settings.py", "test_gemma3.py", "test_lookahead.py", "test_cli.py",
-                 "test_qwen.py", "test_eagle.py", "test_families.py", "test_checkpoints.py", "test_acceptance.py")
-# measured 2026-12-02 (seconds): 581, 439, 437, 417, 395, 306, 268, 202, 139, 119, 117, 96, 49, 44, 41
+LONGEST_FIRST = ("test_distribution.py", "test_smollm2.py", "test_sharding.py", "test_trees.py", "test_engine.py",
+                 "test_colab.py", "test_gemma3.py", "test_cli.py", "test_qwen.py", "test_lookahead.py",
+                 "test_sampling_settings.py", "test_eagle.py", "test_spec_bench.py", "test_families.py",
+                 "test_checkpoints.py")
+# measured 2026-12-03 at -O0 (seconds): 614, 374, 282, 240, 204, 202, 155, 144, 101, 91, 76, 51, 41, 39, 38
 
 
 # One persistent XLA compilation cache per test run (jax's ``jax_compilation_cache_dir``, the
