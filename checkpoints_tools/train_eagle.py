@@ -509,9 +509,10 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
 
     Args:
       model: the target ``jaxspec.Model`` (or an object with ``params`` and ``config``).
-      prompt_ids: token ids of each prompt (``drafter_data.encode``).
-      sequences: ``(prompt + answer ids, prompt length)`` per prompt, answered already (then
-        ``prompt_ids`` is only recorded): skips the self-distillation.
+      prompt_ids: token ids of each prompt to answer (``drafter_data.encode``); may be empty
+        when ``sequences`` are given.
+      sequences: ``(prompt + answer ids, prompt length)`` per prompt, answered already: trained
+        on before the answers to ``prompt_ids``.
       resume: False (start; ``OUT`` must hold no checkpoint), True (the latest saved step)
         or a step number.
 
@@ -526,14 +527,16 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
 
     config, params = model.config, model.params
     cfg.check(config.vocab_size, medusa=medusa_heads > 0)
-    if not prompt_ids:
-        raise ValueError("the training data is empty: no prompt")
+    answered = list(sequences or [])
+    if not prompt_ids and not answered:
+        raise ValueError("the training data is empty: no prompt and no answered sequence")
     if max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     os.makedirs(out_dir, exist_ok=True)
     if medusa_heads < 0:
         raise ValueError(f"--heads must be >= 1, got {medusa_heads}")
-    record = {"settings": dataclasses.asdict(cfg), "max_new_tokens": max_new_tokens, "n_prompts": len(prompt_ids),
+    record = {"settings": dataclasses.asdict(cfg), "max_new_tokens": max_new_tokens,
+              "n_prompts": len(prompt_ids) + len(answered),
               "target": config.to_dict(), "target_fingerprint": fingerprint(params), "medusa_heads": medusa_heads}
     meta, data_file = os.path.join(out_dir, "train.json"), os.path.join(out_dir, "data.npz")
     steps = saved_steps(out_dir)
@@ -564,11 +567,12 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
     else:
         from tqdm import tqdm
 
-        if sequences is None:
+        sequences = answered
+        if prompt_ids:
             log(f"self-distillation: {len(prompt_ids)} prompts x {max_new_tokens} new tokens")
             with tqdm(total=len(prompt_ids), disable=not progress, desc="answers") as bar:
-                sequences = drafter_data.self_distill(model, prompt_ids, max_new_tokens=max_new_tokens,
-                                                      batch=gen_batch, progress=bar.update)
+                sequences = answered + drafter_data.self_distill(model, prompt_ids, max_new_tokens=max_new_tokens,
+                                                                 batch=gen_batch, progress=bar.update)
         drafter_data.save_sequences(os.path.join(out_dir, "sequences.json"), sequences, params, max_new_tokens)
         d2t = np.zeros((0,), np.int32)
         if cfg.draft_vocab:

@@ -273,18 +273,34 @@ def test_fresh_run_reuses_data_prepared_for_the_same_data_settings(tiny, trained
     for name in ("data.npz", "train.json"):
         shutil.copy(os.path.join(out, name), again)
     seqs = drafter_data.load_sequences(os.path.join(out, "sequences.json"), model.params)
-    ids = [s[:n] for s, n in seqs]
     built = []
     real = train_eagle.build_dataset
     monkeypatch.setattr(train_eagle, "build_dataset", lambda *a, **k: built.append(1) or real(*a, **k))
     quick = dataclasses.replace(TRAIN, steps=2, warmup=1, save_every=2, eval_every=2, lr=1e-3)
-    train_eagle.run(model, ids, quick, again, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
+    train_eagle.run(model, [], quick, again, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
                     log=lambda *_: None, sequences=seqs)
     assert built == []
     shutil.rmtree(os.path.join(again, "checkpoints"))
-    train_eagle.run(model, ids, dataclasses.replace(quick, soft_topk=8), again, max_new_tokens=tiny.max_new,
+    train_eagle.run(model, [], dataclasses.replace(quick, soft_topk=8), again, max_new_tokens=tiny.max_new,
                     gen_batch=4, progress=False, log=lambda *_: None, sequences=seqs)
     assert built == [1]
+
+
+def test_answered_sequences_and_new_prompts_train_together(tiny, trained, tmp_path):
+    """``sequences=`` (answers made already) and prompts to answer go into one data set: the
+    saved ``sequences.json`` holds the given answers first, then the target's answers to the
+    prompts, which equal plain decoding's."""
+    out, model, _ = trained
+    seqs = drafter_data.load_sequences(os.path.join(out, "sequences.json"), model.params)[:4]
+    new = _prompts(tiny)[-4:][::-1]  # reversed: not the answers already made
+    quick = dataclasses.replace(TRAIN, steps=1, warmup=0, save_every=1, eval_every=1)
+    both = str(tmp_path / "both")
+    r = train_eagle.run(model, new, quick, both, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
+                        log=lambda *_: None, sequences=seqs)
+    saved = drafter_data.load_sequences(os.path.join(both, "sequences.json"), model.params)
+    plain = jaxspec.generate(model, new, max_new_tokens=tiny.max_new).tokens
+    assert saved[:4] == seqs and saved[4:] == [(p + t, len(p)) for p, t in zip(new, plain)]
+    assert len(r["losses"]) == 1
 
 
 def test_converted_head_ships_in_bfloat16_and_shipped_names_are_checked(tiny, trained, tmp_path, monkeypatch):
