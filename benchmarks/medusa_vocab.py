@@ -43,7 +43,7 @@ def main(argv=None) -> int:
         train_eagle.run(model, [], dataclasses.replace(cfg, steps=1, warmup=0, eval_every=1, save_every=1),
                         "runs/medusa-data", sequences=seqs, medusa_heads=4)
     data = train_eagle.Dataset.load("runs/medusa-data/data.npz")
-    answer = int(data.loss_mask.sum(axis=1).max())
+    answer = train_eagle.answer_span(data.loss_mask)
     step_times = []
     step = train_eagle._train_step
 

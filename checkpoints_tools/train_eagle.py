@@ -198,7 +198,21 @@ def _shift(x, n: int):
     return jnp.concatenate([x[:, n:], pad], axis=1)
 
 
-def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int):
+def _window(x, lo, size: int):
+    """``x [B, T, ...]`` at positions ``lo[b] .. lo[b] + size - 1`` of each row (clipped to [0, T - 1])."""
+    idx = jnp.clip(lo[:, None] + jnp.arange(size), 0, x.shape[1] - 1)
+    return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def answer_span(loss_mask: np.ndarray) -> int:
+    """The widest run of positions, first to last loss position of a row, over the rows of
+    ``loss_mask [Q, T]``: the window of each row that the losses read."""
+    m = np.asarray(loss_mask, bool)
+    first, last = m.argmax(axis=1), m.shape[1] - 1 - m[:, ::-1].argmax(axis=1)
+    return int(np.max(np.where(m.any(axis=1), last - first + 1, 0)))
+
+
+def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int, span: int = 0):
     """Soft cross-entropy and top-1 agreement per training-time-test step.
 
     Step i at base position t feeds token ``x[t + 1 + i]`` with the fused target feature of t
@@ -207,11 +221,22 @@ def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int):
     builds from t), and predicts ``x[t + 2 + i]`` against the target's distribution at
     ``t + 1 + i``.
 
+    ``span`` > 0 (``answer_span`` of the data: every row's loss positions lie within ``span``
+    of its first one) computes the output head only there: the same losses, at a fraction of
+    the cost (the head's logits over the draft vocabulary are about half of a step; prompts
+    and padding carry no loss). 0: at every position.
+
     Returns:
       ``(ce float32 [unroll], acc float32 [unroll])``, each averaged over the masked positions.
     """
     tokens, feats = batch["tokens"], batch["features"]
     b, t = tokens.shape
+    labels = {n: batch[n] for n in ("soft_ids", "soft_p", "target_top", "loss_mask")}
+    if span:  # label j of each row sits at lo + j; the hidden state of step i that predicts it, i + 1 before
+        lo = jnp.argmax(batch["loss_mask"], axis=1)
+        labels = {n: _window(x, lo, span) for n, x in labels.items()}
+        label_at = lo[:, None] + jnp.arange(span)
+        labels["loss_mask"] = labels["loss_mask"] & (label_at < t)
     k = unroll
     h = feats @ head["fc"]
     cache = eagle3.empty_cache(config, b, k * t, h.dtype)
@@ -227,12 +252,17 @@ def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int):
         out = eagle3.forward(head, config, embed, _shift(tokens, i + 1), h, positions, cache,
                              write_at=jnp.full((b,), i * t, jnp.int32), mask=mask)
         cache, h = out.cache, out.hidden
-        valid = _shift(batch["loss_mask"], i + 1).astype(jnp.float32)
+        if span:
+            logits = eagle3.head_logits(head, config, _window(h, lo - (i + 1), span))
+            lab = dict(labels, loss_mask=labels["loss_mask"] & (label_at >= i + 1))
+        else:
+            logits, lab = out.logits, {n: _shift(x, i + 1) for n, x in labels.items()}
+        valid = lab["loss_mask"].astype(jnp.float32)
         n = jnp.maximum(valid.sum(), 1.0)
-        logq = jnp.take_along_axis(jax.nn.log_softmax(out.logits, axis=-1), _shift(batch["soft_ids"], i + 1), axis=-1)
-        ce = -jnp.sum(_shift(batch["soft_p"], i + 1) * logq, axis=-1)
+        logq = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), lab["soft_ids"], axis=-1)
+        ce = -jnp.sum(lab["soft_p"] * logq, axis=-1)
         ces.append(jnp.sum(ce * valid) / n)
-        hit = batch["d2t"][jnp.argmax(out.logits, axis=-1)] == _shift(batch["target_top"], i + 1)
+        hit = batch["d2t"][jnp.argmax(logits, axis=-1)] == lab["target_top"]
         accs.append(jnp.sum(hit * valid) / n)
     return jnp.stack(ces), jnp.stack(accs)
 
@@ -247,6 +277,7 @@ class EagleRecipe:
 
     config: EagleConfig
     unroll: int
+    span: int = 0  # unrolled_losses' span: the output head only over each row's answer window
     kind = "eagle"
 
     @property
@@ -260,7 +291,7 @@ class EagleRecipe:
         return target_params["embed"]
 
     def losses(self, head, frozen, batch):
-        return unrolled_losses(head, frozen, batch, self.config, self.unroll)
+        return unrolled_losses(head, frozen, batch, self.config, self.unroll, self.span)
 
     def check(self, data: "Dataset") -> None:
         if data.d2t.shape != (self.config.draft_vocab,):
@@ -460,7 +491,8 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
 
     cfg.check(target_config.vocab_size, medusa=recipe is not None and recipe.kind == "medusa")
     if recipe is None:
-        recipe = EagleRecipe(EagleConfig(target_config, cfg.draft_vocab, ffn_dim=cfg.ffn_dim), cfg.unroll)
+        recipe = EagleRecipe(EagleConfig(target_config, cfg.draft_vocab, ffn_dim=cfg.ffn_dim), cfg.unroll,
+                             span=answer_span(data.loss_mask))
     recipe.check(data)
     train_set, held = split(data, cfg)
     held = held if len(held.tokens) else train_set
@@ -588,7 +620,6 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
     if medusa_heads:
         from checkpoints_tools.train_medusa import MedusaRecipe
 
-        answer = int(data.loss_mask.sum(axis=1).max())  # the longest answer: the span the losses read
-        recipe = MedusaRecipe(config, medusa_heads, cfg.draft_vocab, span=answer)
+        recipe = MedusaRecipe(config, medusa_heads, cfg.draft_vocab, span=answer_span(data.loss_mask))
     return train(params, config, data, cfg, out_dir, resume_from=resume_step, progress=progress, recipe=recipe,
                  log=log)

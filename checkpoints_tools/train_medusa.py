@@ -19,15 +19,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from checkpoints_tools.train_eagle import Dataset, _shift
+from checkpoints_tools.train_eagle import Dataset, _shift, _window
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import medusa
-
-
-def _window(x, lo, size: int):
-    """``x [B, T, ...]`` at positions ``lo[b] .. lo[b] + size - 1`` of each row (clipped to T - 1)."""
-    idx = jnp.clip(lo[:, None] + jnp.arange(size), 0, x.shape[1] - 1)
-    return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -167,9 +167,14 @@ def forward(params: dict, config: EagleConfig, embed_table: jax.Array, tokens: j
                          decoder.rms_norm(features, layer["hidden_norm"], c.norm_eps)], axis=-1)
     a, k, v = decoder.self_attention(layer, 0, y, positions, write_at, cache.k[0], cache.v[0], c, visible)
     x = decoder.mlp_residual(layer, features + a, c)
-    h = decoder.rms_norm(x, params["norm"], c.norm_eps)
-    logits = jnp.einsum("...d,dv->...v", h, params["lm_head"], preferred_element_type=jnp.float32)
-    return HeadOutput(logits, x, KVCache(k=(k,), v=(v,)))
+    return HeadOutput(head_logits(params, config, x), x, KVCache(k=(k,), v=(v,)))
+
+
+def head_logits(params: dict, config: EagleConfig, hidden: jax.Array) -> jax.Array:
+    """The head's draft-vocabulary logits, float32 ``[..., Vd]``, of its hidden states
+    ``[..., D]`` (``HeadOutput.hidden``): final norm, then its output head."""
+    h = decoder.rms_norm(hidden, params["norm"], config.layer.norm_eps)
+    return jnp.einsum("...d,dv->...v", h, params["lm_head"], preferred_element_type=jnp.float32)
 
 
 def target_logits(logits: jax.Array, d2t: jax.Array, vocab_size: int) -> jax.Array:
