@@ -64,6 +64,10 @@ def main(argv=None) -> int:
                 continue
             # train-medusa --draft-vocab 0: the target's whole output head (8192 chosen by measurement: README)
             whole = "; 0: the whole vocabulary" if (name, f.name) == ("train-medusa", "draft_vocab") else ""
+            if isinstance(f.default, bool):  # --group-by-length / --no-group-by-length
+                t.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction,
+                               default=f.default, help=f"(default: {f.default})")
+                continue
             t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
                            help=f"(default: {f.default}{whole})")
     args = parser.parse_args(argv)

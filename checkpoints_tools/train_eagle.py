@@ -51,7 +51,7 @@ from jaxspec.models import eagle3
 from jaxspec.models.eagle3 import EagleConfig
 
 DATA_SETTINGS = ("draft_vocab", "soft_topk")  # the TrainConfig fields that OUT/data.npz depends on
-SEQ_BUCKET = 64  # sequences are right-padded to a multiple of this many tokens
+SEQ_BUCKET = 64  # sequences are padded, and batches cut, to a multiple of this many tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,9 @@ class TrainConfig:
       ffn_dim: the head layer's MLP width (0: the target's).
       soft_topk: K, how many of the target's most probable draft-vocabulary tokens (and their
         renormalised probabilities) the soft labels keep per position (0: all Vd).
+      group_by_length: draw each batch's rows from one length bucket (``row_lengths``), as
+        Hugging Face's ``group_by_length`` does, so that a batch is cut to that bucket instead
+        of the longest row of a random draw (``batch_indices``); False: uniform draws.
     """
 
     draft_vocab: int = 8192
@@ -89,6 +92,7 @@ class TrainConfig:
     eval_every: int = 50
     ffn_dim: int = 0
     soft_topk: int = 32
+    group_by_length: bool = True
 
     def check(self, vocab_size: int, medusa: bool = False) -> None:
         """Raise ``ValueError`` naming the setting and its limit (``medusa``: Medusa heads,
@@ -167,7 +171,7 @@ def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: n
     time. ``capture``: the layers whose outputs are the features (EAGLE), or None for the final
     hidden state (Medusa); ``d2t`` of length 0 stores no distributions (hard labels only);
     ``soft_topk``: tokens kept of each distribution (0 or more than Vd: all Vd)."""
-    t = -(-max(len(ids) for ids, _ in sequences) // SEQ_BUCKET) * SEQ_BUCKET
+    t = _bucket(max(len(ids) for ids, _ in sequences))
     q = len(sequences)
     tokens = np.zeros((q, t), np.int32)
     mask = np.zeros((q, t), bool)
@@ -175,18 +179,39 @@ def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: n
         tokens[i, : len(ids)] = ids
         mask[i, max(n_prompt - 1, 0) : len(ids) - 1] = True  # position p predicts token p + 1
     k = len(d2t) if soft_topk <= 0 else min(soft_topk, len(d2t))
-    parts = []
     d2t_dev = jnp.asarray(d2t, jnp.int32)
+    out = None
+    lengths = np.array([len(ids) for ids, _ in sequences])
+    order = np.argsort(lengths, kind="stable")  # batches of similar lengths, each cut to its bucket
     for i in range(0, q, batch):
-        chunk = tokens[i : i + batch]
-        pad = batch - len(chunk)
-        out = _teacher_forced(params, jnp.asarray(np.pad(chunk, ((0, pad), (0, 0)))), d2t_dev, config=config,
-                              capture=None if capture is None else tuple(capture), k=k)
-        parts.append([np.asarray(x)[: len(chunk)] for x in out])
+        rows = order[i : i + batch]
+        chunk = tokens[rows, : _bucket(lengths[rows].max())]
+        res = _teacher_forced(params, jnp.asarray(np.pad(chunk, ((0, batch - len(rows)), (0, 0)))), d2t_dev,
+                              config=config, capture=None if capture is None else tuple(capture), k=k)
+        res = [np.asarray(x)[: len(rows)] for x in res]
+        if out is None:  # positions past a row's bucket stay 0: they carry no loss and precede none
+            out = [np.zeros((q, t) + x.shape[2:], x.dtype) for x in res]
+        for full, x in zip(out, res):
+            full[rows, : x.shape[1]] = x
         if progress is not None:
-            progress(len(chunk))
-    feats, ids, probs, top = (np.concatenate(x) for x in zip(*parts))
+            progress(len(rows))
+    feats, ids, probs, top = out
     return Dataset(tokens, feats, ids, probs, top, mask, d2t)
+
+
+def _bucket(n) -> int:
+    """``n`` tokens rounded up to a multiple of ``SEQ_BUCKET``."""
+    return int(-(-int(n) // SEQ_BUCKET) * SEQ_BUCKET)
+
+
+def row_lengths(loss_mask: np.ndarray) -> np.ndarray:
+    """Columns of each row that its losses read, rounded up to a multiple of ``SEQ_BUCKET``
+    (at most T): through the token its last loss position predicts. A batch cut to the
+    largest of its rows' lengths gives the losses of the whole T columns (the attention is
+    causal: later columns reach no loss; tested)."""
+    m = np.asarray(loss_mask, bool)
+    last = np.where(m.any(axis=1), m.shape[1] - 1 - m[:, ::-1].argmax(axis=1), 0)
+    return np.minimum(-(-(last + 2) // SEQ_BUCKET) * SEQ_BUCKET, m.shape[1])
 
 
 # ---------------------------------------------------------------------------- the training-time test
@@ -231,6 +256,7 @@ def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int, 
     """
     tokens, feats = batch["tokens"], batch["features"]
     b, t = tokens.shape
+    span = min(span, t)  # a batch cut to fewer columns than the widest answer window
     labels = {n: batch[n] for n in ("soft_ids", "soft_p", "target_top", "loss_mask")}
     if span:  # label j of each row sits at lo + j; the hidden state of step i that predicts it, i + 1 before
         lo = jnp.argmax(batch["loss_mask"], axis=1)
@@ -377,19 +403,23 @@ class Placement:
 
 
 def _device_batch(data: Dataset, idx, place: Placement = Placement()) -> dict:
+    """Rows ``idx`` of ``data`` on the device(s), cut to the largest of their ``row_lengths``."""
     part = data.rows(idx)
-    batch = place.rows({"tokens": part.tokens, "features": part.features, "soft_ids": part.soft_ids,
-                        "soft_p": part.soft_p, "target_top": part.target_top, "loss_mask": part.loss_mask})
+    cols = int(row_lengths(part.loss_mask).max())
+    batch = place.rows({n: getattr(part, n)[:, :cols]
+                        for n in ("tokens", "features", "soft_ids", "soft_p", "target_top", "loss_mask")})
     return {**batch, "d2t": place.replicate(jnp.asarray(data.d2t))}
 
 
 def evaluate(head, frozen, data: Dataset, recipe, cfg: TrainConfig, place: Placement = Placement()) -> dict:
-    """Held-out loss and per-step top-1 agreement (token-weighted over ``cfg.batch``-row chunks)."""
+    """Held-out loss and per-step top-1 agreement (token-weighted over ``cfg.batch``-row chunks
+    of rows sorted by ``row_lengths``)."""
     k = recipe.n_steps
     totals, weight = np.zeros(1 + 2 * k), 0.0
-    for i in range(0, len(data.tokens), cfg.batch):
-        idx = np.arange(i, min(i + cfg.batch, len(data.tokens)))
-        idx = np.pad(idx, (0, cfg.batch - len(idx)), mode="edge")  # one compiled shape
+    order = np.argsort(row_lengths(data.loss_mask), kind="stable")
+    for i in range(0, len(order), cfg.batch):
+        idx = order[i : i + cfg.batch]
+        idx = np.pad(idx, (0, cfg.batch - len(idx)), mode="edge")  # one compiled shape per length
         loss, ce, acc = _eval_step(head, frozen, _device_batch(data, idx, place), recipe=recipe, decay=cfg.decay)
         w = float(data.loss_mask[idx].sum())
         totals += w * np.concatenate([[float(loss)], np.asarray(ce), np.asarray(acc)])
@@ -398,10 +428,21 @@ def evaluate(head, frozen, data: Dataset, recipe, cfg: TrainConfig, place: Place
     return {"loss": float(totals[0]), "ce": totals[1 : 1 + k].tolist(), "acceptance": totals[1 + k :].tolist()}
 
 
-def batch_indices(cfg: TrainConfig, step: int, n: int) -> np.ndarray:
-    """Rows of training step ``step``: a function of (seed, step) only, so a resumed run
-    draws the batches a straight run draws."""
-    return np.random.default_rng([cfg.seed, step]).choice(n, cfg.batch, replace=n < cfg.batch)
+def batch_indices(cfg: TrainConfig, step: int, lengths: np.ndarray) -> np.ndarray:
+    """Rows of training step ``step`` among rows of ``lengths`` (``row_lengths``): a function
+    of (seed, step) only, so a resumed run draws the batches a straight run draws. With
+    ``cfg.group_by_length``, a length bucket drawn with probability proportional to its rows,
+    then ``cfg.batch`` rows of it (every row as likely as under uniform draws); otherwise (or
+    with one bucket) ``cfg.batch`` rows of all."""
+    lengths = np.asarray(lengths)
+    rows = np.arange(len(lengths))
+    if cfg.group_by_length:
+        sizes = {int(n): int(c) for n, c in zip(*np.unique(lengths, return_counts=True))}
+        if len(sizes) > 1:
+            pick = np.random.default_rng([cfg.seed, step, 1]).choice(list(sizes), p=np.array(list(sizes.values()))
+                                                                     / len(lengths))
+            rows = np.flatnonzero(lengths == pick)
+    return rows[np.random.default_rng([cfg.seed, step]).choice(len(rows), cfg.batch, replace=len(rows) < cfg.batch)]
 
 
 def split_indices(q: int, cfg: TrainConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -507,9 +548,10 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
     initial = evaluate(place.replicate(recipe.init(jax.random.key(cfg.seed))), frozen, held, recipe, cfg, place)
     head, opt_state = place.replicate(head), place.replicate(opt_state)
     losses, last_eval = [], initial
+    lengths = row_lengths(train_set.loss_mask)
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, disable=not progress, desc="train")
     for step in bar:
-        batch = _device_batch(train_set, batch_indices(cfg, step, len(train_set.tokens)), place)
+        batch = _device_batch(train_set, batch_indices(cfg, step, lengths), place)
         head, opt_state, loss, ce, acc = _train_step(head, opt_state, frozen, batch, recipe=recipe, cfg=cfg)
         losses.append(float(loss))
         done = step + 1

@@ -63,10 +63,11 @@ class MedusaRecipe:
         with the target's greedy token (over all answer tokens) of each head."""
         feats, top, mask = batch["features"], batch["target_top"], batch["loss_mask"]
         t = mask.shape[1]
-        if self.span:
+        span = min(self.span, t)  # a batch cut to fewer columns than the widest answer window
+        if span:
             lo = jnp.maximum(jnp.argmax(mask, axis=1) - self.n_heads, 0)
-            size = self.span + self.n_heads  # labels run n_heads past the features
-            feats = _window(feats, lo, self.span)
+            size = span + self.n_heads  # labels run n_heads past the features
+            feats = _window(feats, lo, span)
             top, mask = _window(top, lo, size), _window(mask, lo, size) & (lo[:, None] + jnp.arange(size) < t)
         params = {"heads": head["heads"], "out": frozen}
         if self.draft_vocab:

@@ -153,6 +153,79 @@ def test_answer_window_losses_equal_every_position_losses(tiny, trained):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_batches_cut_to_their_rows_lengths_give_the_losses_of_all_columns(tiny, trained):
+    """The data padded with 128 more columns: a batch is cut back to its rows' length bucket
+    (``row_lengths``: 64 here), and the losses and gradients of the cut batch equal those of all
+    192 columns (the attention is causal: later columns reach no loss). Float32; 1e-5 relative
+    is summation-order noise (sums over other lengths), as in the answer-window test."""
+    out, model, r = trained
+    data = train_eagle.Dataset.load(os.path.join(out, "data.npz"))
+    wide = train_eagle.Dataset(*(np.pad(getattr(data, f.name), [(0, 0), (0, 128)] + [(0, 0)] *
+                                        (getattr(data, f.name).ndim - 2))
+                                 for f in dataclasses.fields(data) if f.name != "d2t"), d2t=data.d2t)
+    assert set(train_eagle.row_lengths(wide.loss_mask)) == {64}
+    idx = np.arange(8)
+    cut = train_eagle._device_batch(wide, idx)
+    assert cut["tokens"].shape == (8, 64)
+    full = {n: jnp.asarray(getattr(wide, n)[idx])
+            for n in ("tokens", "features", "soft_ids", "soft_p", "target_top", "loss_mask")}
+    full["d2t"] = jnp.asarray(wide.d2t)
+    rec = train_eagle.EagleRecipe(r["config"], TRAIN.unroll, span=train_eagle.answer_span(wide.loss_mask))
+    got = [jax.value_and_grad(train_eagle._loss, has_aux=True)(r["head"], model.params["embed"], b, rec, TRAIN.decay)
+           for b in (cut, full)]
+    (loss_c, (ce_c, acc_c)), g_c = got[0]
+    (loss_f, (ce_f, acc_f)), g_f = got[1]
+    np.testing.assert_allclose(loss_c, loss_f, rtol=1e-5)
+    np.testing.assert_allclose(ce_c, ce_f, rtol=1e-5)
+    np.testing.assert_array_equal(acc_c, acc_f)
+    for a, b in zip(jax.tree_util.tree_leaves(g_c), jax.tree_util.tree_leaves(g_f)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_batches_grouped_by_length_draw_every_row_alike():
+    """``group_by_length``: every batch from one length bucket, buckets drawn in proportion to
+    their rows, so each row is drawn as often as under uniform draws: over 4000 steps of 4 the
+    mean draws per row of each bucket are within 20% of uniform's 4000 * 4 / 45 = 356 (the
+    smallest bucket's count has a relative standard deviation of 4.5%; drawing buckets
+    uniformly would give it 50% too many). Without grouping, or with one bucket: the uniform
+    draw of (seed, step)."""
+    lengths = np.array([64] * 10 + [128] * 30 + [192] * 5)
+    cfg = train_eagle.TrainConfig(batch=4, seed=3)
+    counts = np.zeros(len(lengths))
+    for step in range(4000):
+        rows = train_eagle.batch_indices(cfg, step, lengths)
+        assert len(set(lengths[rows])) == 1, rows
+        np.add.at(counts, rows, 1)
+    for n in (64, 128, 192):
+        assert abs(counts[lengths == n].mean() / (4000 * 4 / 45) - 1) < 0.2, (n, counts[lengths == n].mean())
+    uniform = dataclasses.replace(cfg, group_by_length=False)
+    for step in range(5):
+        expect = np.random.default_rng([cfg.seed, step]).choice(45, 4, replace=False)
+        np.testing.assert_array_equal(train_eagle.batch_indices(uniform, step, lengths), expect)
+        np.testing.assert_array_equal(train_eagle.batch_indices(cfg, step, np.full(45, 64)), expect)
+
+
+def test_target_features_of_rows_of_other_lengths_equal_a_whole_row_pass(tiny):
+    """``build_dataset`` runs rows sorted by length, each batch cut to its length bucket: every
+    row's features and labels equal one pass over all rows at the full width (float32; 1e-5
+    is summation-order noise of other sequence lengths), and positions past a row's bucket
+    hold zeros (they carry no loss)."""
+    rng = np.random.default_rng(1)
+    seqs = [(rng.integers(1, 64, size=n).tolist(), 5) for n in (100, 20, 70)]
+    d2t = np.arange(DRAFT_VOCAB, dtype=np.int32)
+    cap = eagle3.EagleConfig(tiny.cfg, DRAFT_VOCAB).capture
+    data = train_eagle.build_dataset(tiny.params, tiny.cfg, seqs, d2t, cap, batch=1, soft_topk=4)
+    assert data.tokens.shape == (3, 128)
+    feats, ids, probs, top = train_eagle._teacher_forced(tiny.params, jnp.asarray(data.tokens), jnp.asarray(d2t),
+                                                         config=tiny.cfg, capture=tuple(cap), k=4)
+    for i, (ids_i, _) in enumerate(seqs):
+        n = len(ids_i)
+        np.testing.assert_allclose(data.features[i, :n], feats[i, :n], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(data.soft_p[i, :n], probs[i, :n], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(data.target_top[i, :n], top[i, :n])
+    assert not data.features[1, 64:].any()  # the 20-token row ran in the 64-column bucket
+
+
 def test_checkpoint_restores_bit_identical_and_resume_equals_straight(tiny, trained, tmp_path):
     """A checkpoint restores exactly what was saved; resuming at step 30 gives, bit for bit,
     the head of the straight 60-step run (batches depend on seed and step only)."""
