@@ -110,10 +110,11 @@ def test_speculative_greedy_with_settings_equals_plain(name):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
 
-# Measured on these prompts (2026-12-02, CPU float32): tau 1.62 (chain of 4) and 1.73 (tree of 8);
-# a random head gives ~1.0. 1.3 leaves room for float differences across machines (a few
-# drafts accepted or not) and still fails for a head that does not draft what the target says.
-TAU_FLOOR = 1.3
+# Measured on these prompts (2026-12-03, CPU float32, the head trained 1500 steps): tau 2.00
+# (chain of 4) and 2.38 (tree of 8); the head shipped before it gave 1.62 and 1.73, a random
+# head ~1.0. 1.6 leaves room for float differences across machines (a few drafts accepted or
+# not) and still fails for a head that does not draft what the target says.
+TAU_FLOOR = 1.6
 
 
 def test_shipped_eagle_head_greedy_equals_plain():
@@ -131,7 +132,7 @@ def test_shipped_eagle_head_greedy_equals_plain():
         assert spec.tokens == base.tokens, kw
         assert spec.metrics.tau > TAU_FLOOR, (kw, spec.metrics.tau)
 
-# Measured on these prompts (2026-12-02, CPU float32): tau 1.73 for the (2, 2, 1) tree; floor as TAU_FLOOR's.
+# Measured on these prompts (2026-12-02, CPU float32): tau 1.73 for the (2, 2, 1) tree; 1.3: room as TAU_FLOOR's.
 MEDUSA_TAU_FLOOR = 1.3
 
 
