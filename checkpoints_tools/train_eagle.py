@@ -171,7 +171,7 @@ def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: n
     time. ``capture``: the layers whose outputs are the features (EAGLE), or None for the final
     hidden state (Medusa); ``d2t`` of length 0 stores no distributions (hard labels only);
     ``soft_topk``: tokens kept of each distribution (0 or more than Vd: all Vd)."""
-    t = _bucket(max(len(ids) for ids, _ in sequences))
+    t = int(_bucket(max(len(ids) for ids, _ in sequences)))
     q = len(sequences)
     tokens = np.zeros((q, t), np.int32)
     mask = np.zeros((q, t), bool)
@@ -185,7 +185,7 @@ def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: n
     order = np.argsort(lengths, kind="stable")  # batches of similar lengths, each cut to its bucket
     for i in range(0, q, batch):
         rows = order[i : i + batch]
-        chunk = tokens[rows, : _bucket(lengths[rows].max())]
+        chunk = tokens[rows, : int(_bucket(lengths[rows].max()))]
         res = _teacher_forced(params, jnp.asarray(np.pad(chunk, ((0, batch - len(rows)), (0, 0)))), d2t_dev,
                               config=config, capture=None if capture is None else tuple(capture), k=k)
         res = [np.asarray(x)[: len(rows)] for x in res]
@@ -199,9 +199,9 @@ def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: n
     return Dataset(tokens, feats, ids, probs, top, mask, d2t)
 
 
-def _bucket(n) -> int:
-    """``n`` tokens rounded up to a multiple of ``SEQ_BUCKET``."""
-    return int(-(-int(n) // SEQ_BUCKET) * SEQ_BUCKET)
+def _bucket(n):
+    """``n`` tokens (an integer or an integer array) rounded up to a multiple of ``SEQ_BUCKET``."""
+    return -(-n // SEQ_BUCKET) * SEQ_BUCKET
 
 
 def row_lengths(loss_mask: np.ndarray) -> np.ndarray:
@@ -211,7 +211,7 @@ def row_lengths(loss_mask: np.ndarray) -> np.ndarray:
     causal: later columns reach no loss; tested)."""
     m = np.asarray(loss_mask, bool)
     last = np.where(m.any(axis=1), m.shape[1] - 1 - m[:, ::-1].argmax(axis=1), 0)
-    return np.minimum(-(-(last + 2) // SEQ_BUCKET) * SEQ_BUCKET, m.shape[1])
+    return np.minimum(_bucket(last + 2), m.shape[1])
 
 
 # ---------------------------------------------------------------------------- the training-time test
