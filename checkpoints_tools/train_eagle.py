@@ -51,6 +51,7 @@ from jaxspec.models import eagle3
 from jaxspec.models.eagle3 import EagleConfig
 
 DATA_SETTINGS = ("draft_vocab", "soft_topk")  # the TrainConfig fields that OUT/data.npz depends on
+BATCH_FIELDS = ("tokens", "features", "soft_ids", "soft_p", "target_top", "loss_mask")  # a training batch's rows
 SEQ_BUCKET = 64  # sequences are padded, and batches cut, to a multiple of this many tokens
 
 
@@ -199,6 +200,12 @@ def build_dataset(params, config, sequences: list[tuple[list[int], int]], d2t: n
     return Dataset(tokens, feats, ids, probs, top, mask, d2t)
 
 
+def _loss_bounds(loss_mask: np.ndarray):
+    """(first, last loss position, has any) of each row of ``loss_mask [Q, T]``."""
+    m = np.asarray(loss_mask, bool)
+    return m.argmax(axis=1), m.shape[1] - 1 - m[:, ::-1].argmax(axis=1), m.any(axis=1)
+
+
 def _bucket(n):
     """``n`` tokens (an integer or an integer array) rounded up to a multiple of ``SEQ_BUCKET``."""
     return -(-n // SEQ_BUCKET) * SEQ_BUCKET
@@ -209,9 +216,8 @@ def row_lengths(loss_mask: np.ndarray) -> np.ndarray:
     (at most T): through the token its last loss position predicts. A batch cut to the
     largest of its rows' lengths gives the losses of the whole T columns (the attention is
     causal: later columns reach no loss; tested)."""
-    m = np.asarray(loss_mask, bool)
-    last = np.where(m.any(axis=1), m.shape[1] - 1 - m[:, ::-1].argmax(axis=1), 0)
-    return np.minimum(_bucket(last + 2), m.shape[1])
+    _, last, any_ = _loss_bounds(loss_mask)
+    return np.minimum(_bucket(np.where(any_, last, 0) + 2), np.shape(loss_mask)[1])
 
 
 # ---------------------------------------------------------------------------- the training-time test
@@ -232,9 +238,8 @@ def _window(x, lo, size: int):
 def answer_span(loss_mask: np.ndarray) -> int:
     """The widest run of positions, first to last loss position of a row, over the rows of
     ``loss_mask [Q, T]``: the window of each row that the losses read."""
-    m = np.asarray(loss_mask, bool)
-    first, last = m.argmax(axis=1), m.shape[1] - 1 - m[:, ::-1].argmax(axis=1)
-    return int(np.max(np.where(m.any(axis=1), last - first + 1, 0)))
+    first, last, any_ = _loss_bounds(loss_mask)
+    return int(np.max(np.where(any_, last - first + 1, 0)))
 
 
 def unrolled_losses(head, embed, batch: dict, config: EagleConfig, unroll: int, span: int = 0):
@@ -406,8 +411,7 @@ def _device_batch(data: Dataset, idx, place: Placement = Placement()) -> dict:
     """Rows ``idx`` of ``data`` on the device(s), cut to the largest of their ``row_lengths``."""
     part = data.rows(idx)
     cols = int(row_lengths(part.loss_mask).max())
-    batch = place.rows({n: getattr(part, n)[:, :cols]
-                        for n in ("tokens", "features", "soft_ids", "soft_p", "target_top", "loss_mask")})
+    batch = place.rows({n: getattr(part, n)[:, :cols] for n in BATCH_FIELDS})
     return {**batch, "d2t": place.replicate(jnp.asarray(data.d2t))}
 
 

@@ -167,8 +167,7 @@ def test_batches_cut_to_their_rows_lengths_give_the_losses_of_all_columns(tiny, 
     idx = np.arange(8)
     cut = train_eagle._device_batch(wide, idx)
     assert cut["tokens"].shape == (8, 64)
-    full = {n: jnp.asarray(getattr(wide, n)[idx])
-            for n in ("tokens", "features", "soft_ids", "soft_p", "target_top", "loss_mask")}
+    full = {n: jnp.asarray(getattr(wide, n)[idx]) for n in train_eagle.BATCH_FIELDS}
     full["d2t"] = jnp.asarray(wide.d2t)
     rec = train_eagle.EagleRecipe(r["config"], TRAIN.unroll, span=train_eagle.answer_span(wide.loss_mask))
     got = [jax.value_and_grad(train_eagle._loss, has_aux=True)(r["head"], model.params["embed"], b, rec, TRAIN.decay)
