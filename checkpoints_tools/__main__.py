@@ -47,6 +47,9 @@ def main(argv=None) -> int:
         t.add_argument("--instruct", type=int, default=0, metavar="N",
                        help="N templated instruction prompts over MT-bench's categories "
                             "(checkpoints_tools/instruct_prompts.py; --seed picks them)")
+        t.add_argument("--instruct-skip", type=int, default=0, metavar="K",
+                       help="skip the first K prompts of --seed's sequence (answered by an earlier run: "
+                            "--instruct 1000 --instruct-skip 1000 gives the second thousand)")
         t.add_argument("--sequences", action="append", default=[], metavar="FILE",
                        help="answers made already (another run's OUT/sequences.json; repeatable): trained on "
                             "together with the answers to any prompts given")
@@ -120,7 +123,8 @@ def _train_head(args) -> int:
     prompts = []
     if args.data or args.chatterbot or args.human_eval or args.instruct or not args.sequences:
         prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval,
-                                            instruct=args.instruct, seed=args.seed)
+                                            instruct=args.instruct, seed=args.seed,
+                                            instruct_skip=args.instruct_skip)
     model = jaxspec.load(args.model)
     sequences = []
     for path in args.sequences:

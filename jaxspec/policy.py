@@ -31,8 +31,14 @@ import jax
 # measured faster than plain decoding; batches above it decode plainly under "auto".
 # cpu, NGramDrafter: SmolLM2-135M on 2 CPU cores, 32 Spec-Bench questions, 64 new tokens,
 # greedy: 1.14x at batch 1, 0.98x at 2, 0.98x at 4, 0.90x at 8, 0.95x at 16
-# (benchmarks/results/batch_sweep_smollm2_cpu_2026-12-02.json).
-MEASURED: dict[tuple[str, str], int] = {("cpu", "NGramDrafter"): 1}
+# (benchmarks/results/batch_sweep_smollm2_cpu_2026-12-02.json); Qwen2.5-Coder-1.5B, 16
+# questions, 32 new tokens: 1.03x at batch 1, 0.95x at 4, 0.80x at 16.
+# cpu, ModelDrafter: Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, the same sweep: 0.84x at
+# batch 1 on the mixed questions (1.20x on the coding ones, 128 tokens:
+# spec_bench_qwen2.5-coder-1.5b_2026-12-03_gamma.json), 0.92x at 4, 0.75x at 16: it pays at
+# batch 1 on the text it suits and at no larger batch
+# (benchmarks/results/batch_sweep_qwen_cpu_2026-12-03.json).
+MEASURED: dict[tuple[str, str], int] = {("cpu", "NGramDrafter"): 1, ("cpu", "ModelDrafter"): 1}
 
 
 def limit(disable_by_batch_size, drafter, backend: str | None = None) -> int | None:

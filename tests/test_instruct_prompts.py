@@ -36,3 +36,14 @@ def test_bad_counts_are_refused():
     with pytest.raises(ValueError, match=r"--instruct must be >= 1 prompts, got 0"):
         instruct_prompts(0)
     assert [p.source.split(":")[0] for p in drafter_data.read_prompts(instruct=3)] == ["instruct"] * 3
+
+
+def test_skipped_prompts_continue_the_seeded_sequence():
+    """``--instruct 5 --instruct-skip 7`` gives prompts 7..11 of the seed's sequence: a second
+    data run answers prompts no earlier run answered."""
+    whole = instruct_prompts(12, seed=3)
+    assert drafter_data.read_prompts(instruct=5, seed=3, instruct_skip=7) == whole[7:]
+    text = lambda ps: {p.messages[0]["content"] for p in ps}  # noqa: E731
+    assert not text(whole[7:]) & text(instruct_prompts(7, seed=3))
+    with pytest.raises(ValueError, match=r"--instruct-skip must be >= 0, got -1"):
+        drafter_data.read_prompts(instruct=5, instruct_skip=-1)
