@@ -22,6 +22,8 @@ and long_match):
                              the paper's W, N, G (Fu et al. 2024)
   eagle_g4, eagle_g4_n8_k2   EAGLE-3 head (--eagle-head; default: the head that ships for --model):
                              chain of 4, or an EAGLE-2 tree of 8 nodes, depth 4, branching 2
+  eagle_g4_c30, draft_g4_c30 a chain stopped where the drafter's cumulative probability of it
+                             falls below 0.30 (confidence=0.30; draft, early_exit, eagle chains)
   medusa_g4, medusa_g3_k2    Medusa-1 heads (--medusa-heads; default: those that ship for --model):
                              chain of 4, or the static tree topk=(2, 2, 2)
   hf_plain                   transformers model.generate (greedy or sampled like ours)
@@ -99,7 +101,7 @@ CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction"
               "translation", "summarization", "qa", "math_reasoning", "rag")
 BASE = "plain"
 KINDS = ("plain", "ngram", "draft", "early_exit", "lookahead", "eagle", "medusa", "hf_plain", "hf_prompt_lookup", "hf_assisted")
-_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklwsm]\d+)*)$")
+_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklwsmc]\d+)*)$")
 
 
 # ----------------------------------------------------------------------------- questions
@@ -156,8 +158,9 @@ class Method:
 
     Attributes:
       name: as given on the command line; kind: one of ``KINDS``.
-      gamma, branches, tree_nodes, branching, layers, short_gamma, long_match: the name's
-        ``_g``, ``_b``, ``_n``, ``_k``, ``_l``, ``_s``, ``_m`` numbers (None where absent); for
+      gamma, branches, tree_nodes, branching, layers, short_gamma, long_match, confidence: the
+        name's ``_g``, ``_b``, ``_n``, ``_k``, ``_l``, ``_s``, ``_m``, ``_c`` numbers (None where
+        absent; ``_c`` in percent: ``eagle_g4_c30`` stops chains below confidence 0.30); for
         ``lookahead`` the ``_w``, ``_n``, ``_g`` numbers are window, ngram, guesses instead.
     """
 
@@ -173,6 +176,7 @@ class Method:
     guesses: int | None = None
     short_gamma: int | None = None
     long_match: int | None = None
+    confidence: int | None = None
 
     @property
     def is_hf(self) -> bool:
@@ -195,19 +199,19 @@ def parse_method(name: str) -> Method:
     m = _METHOD.match(name)
     if not m:
         raise ValueError(f"unknown method {name!r}: a kind ({', '.join(KINDS)}) then optional _g<gamma> _b<branches> "
-                         f"_n<tree nodes> _k<branching> _l<early-exit layers> _s<short gamma> _m<long match>, e.g. "
-                         f"ngram_g4_b2, ngram_g16_s4, draft_g4_n8_k2")
+                         f"_n<tree nodes> _k<branching> _l<early-exit layers> _s<short gamma> _m<long match> "
+                         f"_c<confidence percent>, e.g. ngram_g4_b2, ngram_g16_s4, draft_g4_n8_k2, eagle_g4_c30")
     fields = {"g": "gamma", "b": "branches", "n": "tree_nodes", "k": "branching", "l": "layers", "s": "short_gamma",
-              "m": "long_match"}
+              "m": "long_match", "c": "confidence"}
     if m.group(1) == "lookahead":
         fields = {"w": "window", "n": "ngram", "g": "guesses"}
     parts = [p for p in m.group(2).split("_") if p]
     if any(p[0] not in fields for p in parts):
         raise ValueError(f"method {name!r}: {m.group(1)} takes the letters {', '.join('_' + f for f in fields)}")
     values = {fields[p[0]]: int(p[1:]) for p in parts}
-    allowed = {"plain": set(), "hf_plain": set(), "ngram": {"gamma", "branches", "short_gamma", "long_match"}, "draft": {"gamma", "tree_nodes", "branching"},
-               "early_exit": {"gamma", "tree_nodes", "branching", "layers"}, "hf_prompt_lookup": {"gamma"},
-               "eagle": {"gamma", "tree_nodes", "branching"}, "medusa": {"gamma", "branching"},
+    allowed = {"plain": set(), "hf_plain": set(), "ngram": {"gamma", "branches", "short_gamma", "long_match"}, "draft": {"gamma", "tree_nodes", "branching", "confidence"},
+               "early_exit": {"gamma", "tree_nodes", "branching", "layers", "confidence"}, "hf_prompt_lookup": {"gamma"},
+               "eagle": {"gamma", "tree_nodes", "branching", "confidence"}, "medusa": {"gamma", "branching"},
                "hf_assisted": {"gamma"}, "lookahead": {"window", "ngram", "guesses"}}[m.group(1)]
     if set(values) - allowed:
         raise ValueError(f"method {name!r}: {m.group(1)} takes {sorted(allowed) or 'no numbers'}, got {sorted(values)}")
@@ -220,7 +224,8 @@ def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ng
     import jaxspec
 
     g = method.gamma or 4
-    tree = dict(tree_nodes=method.tree_nodes or 0, branching=method.branching or 4)
+    tree = dict(tree_nodes=method.tree_nodes or 0, branching=method.branching or 4,
+                confidence=(method.confidence or 0) / 100)
     if method.kind == "plain":
         return None
     if method.kind == "ngram":
@@ -246,7 +251,7 @@ def load_head(method: Method, model, path: str):
     g = method.gamma or 4
     if method.kind == "eagle":
         return jaxspec.load_eagle_head(path, model, gamma=g, tree_nodes=method.tree_nodes or 0,
-                                       branching=method.branching or 4)
+                                       branching=method.branching or 4, confidence=(method.confidence or 0) / 100)
     return jaxspec.load_medusa_heads(path, model, topk=(method.branching or 1,) * g)
 
 

@@ -59,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
                         "gamma")
     g.add_argument("--branching", type=int, default=4, metavar="K",
                    help="model/early-exit/eagle trees: children per expanded node (default: 4)")
+    g.add_argument("--draft-confidence", type=float, default=0.0, metavar="C",
+                   help="model/early-exit/eagle chains: stop a chain where the drafter's cumulative probability of "
+                        "it falls below C, in [0, 1) (default: 0, always --gamma drafts); lossless")
     g.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
@@ -212,6 +215,9 @@ def _lookahead_or_none(args):
 def _make_drafter(args, model, load):
     import jaxspec
 
+    if args.draft_confidence and args.drafter not in ("model", "early-exit", "eagle"):
+        raise SystemExit(f"error: --draft-confidence applies to --drafter model, early-exit or eagle, not "
+                         f"{args.drafter}")
     lookahead = _lookahead_or_none(args)
     if lookahead is not None:
         return lookahead, None
@@ -236,6 +242,8 @@ def _make_drafter(args, model, load):
                                     branches=branches, short_gamma=args.short_gamma,
                                     long_match=args.long_match), None
     tree = dict(tree_nodes=args.tree_nodes, branching=args.branching)
+    if args.drafter != "medusa":
+        tree["confidence"] = args.draft_confidence
     if args.drafter == "early-exit":
         k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers
         return jaxspec.EarlyExitDrafter(model.config, n_layers=k, gamma=args.gamma, **tree), None

@@ -83,7 +83,8 @@ class Tiny:
 
     def drafter(self, kind: str, gamma: int):
         """``(drafter, drafter_params)`` of one kind: ``ngram``, ``early_exit`` (first block of
-        the target), ``model_noisy`` (target + noise), ``model_small`` (unrelated DRAFT),
+        the target), ``model_noisy`` (target + noise), ``model_confident`` (model_noisy with
+        ``confidence=0.1``), ``model_small`` (unrelated DRAFT),
         ``model_self`` (the target itself: every draft is accepted under greedy), or
         ``plain`` (no drafter)."""
         if kind == "plain":
@@ -94,6 +95,8 @@ class Tiny:
             return jaxspec.EarlyExitDrafter(self.cfg, n_layers=1, gamma=gamma), None
         if kind == "model_noisy":
             return jaxspec.ModelDrafter(self.cfg, gamma=gamma), self.noisy_params
+        if kind == "model_confident":  # model_noisy's chains, stopped below cumulative confidence 0.1
+            return jaxspec.ModelDrafter(self.cfg, gamma=gamma, confidence=0.1), self.noisy_params
         if kind == "model_self":  # same config as model_noisy: shares its compiled program
             return jaxspec.ModelDrafter(self.cfg, gamma=gamma), self.params
         if kind == "model_small":

@@ -89,8 +89,10 @@ def test_tree_drafter_flags(capsys):
     models in test_trees.py); bad tree flags are errors."""
     pytest.importorskip("rich")
     # the second: the EAGLE-3 head that ships for the default model, with no --eagle-head
+    # the third: an EAGLE chain stopped below cumulative draft confidence 0.3
     for flags in (["--drafter", "ngram", "--tree-nodes", "16", "--gamma", "4"],
-                  ["--drafter", "eagle", "--tree-nodes", "8", "--branching", "2", "--gamma", "4"]):
+                  ["--drafter", "eagle", "--tree-nodes", "8", "--branching", "2", "--gamma", "4"],
+                  ["--drafter", "eagle", "--draft-confidence", "0.3", "--gamma", "4"]):
         code = cli.main(["generate", "Repeat exactly: one two three, one two three, one two three.", "--json",
                          "--compare", "--max-new-tokens", "16", *flags])
         out, err = capsys.readouterr()
@@ -99,6 +101,8 @@ def test_tree_drafter_flags(capsys):
         assert code == 0, err
         assert json.loads(out.splitlines()[0])["compare"]["identical"] is True
     for flags, message in ((["--tree-nodes", "10", "--gamma", "4"], "multiple of --gamma"),
-                           (["--tree-nodes", "-1"], "--tree-nodes must be >= 0")):
+                           (["--tree-nodes", "-1"], "--tree-nodes must be >= 0"),
+                           (["--draft-confidence", "0.3"], "--draft-confidence applies to --drafter model, "
+                                                           "early-exit or eagle, not ngram")):
         with pytest.raises(SystemExit, match=message):
             cli.main(["generate", "hi", "--max-new-tokens", "2", *flags])

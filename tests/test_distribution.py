@@ -299,6 +299,8 @@ def _drafter(kind: str, gamma: int, models):
         return None, None
     if kind == "model":
         return jaxspec.ModelDrafter(DRAFT, gamma=gamma), models["draft"]
+    if kind == "model_confident":  # chains stopped below cumulative draft probability 0.3
+        return jaxspec.ModelDrafter(DRAFT, gamma=gamma, confidence=0.3), models["draft"]
     if kind == "ngram":
         return jaxspec.NGramDrafter(gamma=gamma, max_n=2, min_n=1), None
     if kind == "early_exit":
@@ -455,6 +457,9 @@ CASES += TREE_CASES
 # too: gamma 4 T = 0.7 (p = 0.78), gamma 1 top-p 0.8 (p = 0.16), gamma 2 penalties
 # (p = 0.48), and the deterministic tree at T = 1 (p = 0.38).
 CASES += [("eagle", 4, "penalties")]
+# A chain that stops where the draft's cumulative probability falls below 0.3 (its length is
+# the drafter's choice, never the target's: still exact).
+CASES += [("model_confident", 4, "T=1"), ("model_confident", 4, "penalties")]
 
 
 @pytest.mark.parametrize("kind,gamma,name", CASES)

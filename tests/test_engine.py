@@ -121,6 +121,25 @@ def test_greedy_speculative_equals_plain(tiny, plain_greedy, kind, gamma):
         assert single.metrics.verify_steps[0] == batch.metrics.verify_steps[i], "a row waited for the batch"
 
 
+def test_confident_chains_stop_early_and_equal_plain(tiny, plain_greedy):
+    """A chain stopped where the drafter's cumulative probability of it falls below 0.1
+    (``confidence``; the tiny noisy draft's most probable token has 0.06-0.3) still gives
+    plain decoding's tokens, at batch 3 and alone, and is verified at the width it needs:
+    fewer drafts than steps (so some steps verify no draft: one-token steps), accepted more
+    often than without the threshold (0.85 against 0.51 when written)."""
+    batch = tiny.generate(tiny.prompts, "model_confident", 4)
+    full = tiny.generate(tiny.prompts, "model_noisy", 4)
+    assert batch.tokens == plain_greedy
+    m = batch.metrics
+    _check_metrics(m, 4, tiny.max_new, abstains=True)
+    assert m.accepted.sum() > 0 and np.all(m.drafted < m.verify_steps), (m.accepted, m.drafted, m.verify_steps)
+    assert m.acceptance_rate >= full.metrics.acceptance_rate, (m.acceptance_rate, full.metrics.acceptance_rate)
+    for i, prompt in enumerate(tiny.prompts):
+        single = tiny.generate([prompt], "model_confident", 4)
+        assert single.tokens == [plain_greedy[i]], f"prompt {i} alone"
+        assert single.metrics.drafted[0] == m.drafted[i], "a row's drafts depend on its batch"
+
+
 def test_plain_batch_rows_equal_single_runs(tiny, plain_greedy):
     """Invariant 3 for plain decoding."""
     for i, prompt in enumerate(tiny.prompts):

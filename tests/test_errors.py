@@ -84,6 +84,17 @@ def test_gamma_below_one(make):
         make()
 
 
+@pytest.mark.parametrize("confidence", [1.0, -0.1, 2, True, "0.3"])
+def test_confidence_out_of_range(confidence):
+    with pytest.raises(ValueError, match=r"confidence must be a number in \[0, 1\)"):
+        jaxspec.ModelDrafter(DRAFT_CFG, confidence=confidence)
+
+
+def test_confidence_with_a_tree():
+    with pytest.raises(ValueError, match=r"confidence applies to chains \(tree_nodes=0\).*tree_nodes=4"):
+        jaxspec.EarlyExitDrafter(CFG, n_layers=1, gamma=2, tree_nodes=4, branching=2, confidence=0.3)
+
+
 def test_early_exit_layers_out_of_range():
     with pytest.raises(ValueError, match=r"n_layers for early exit must be in \[1, 1\]"):
         jaxspec.EarlyExitDrafter(CFG, n_layers=2)

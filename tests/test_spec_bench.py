@@ -133,7 +133,8 @@ def test_method_names():
     assert (m.kind, m.gamma, m.tree_nodes, m.branching) == ("eagle", 4, 8, 2)
     assert (spec_bench.parse_method("medusa_g3_k2").kind, spec_bench.parse_method("medusa_g3_k2").branching) == (
         "medusa", 2)
-    for bad in ("ngram_x4", "plain_g4", "eagle_b2", "medusa_n8", "medusa2"):
+    assert spec_bench.parse_method("eagle_g4_c30").confidence == 30
+    for bad in ("ngram_x4", "plain_g4", "eagle_b2", "medusa_n8", "medusa2", "ngram_g4_c30", "medusa_g4_c30"):
         with pytest.raises(ValueError, match="method"):
             spec_bench.parse_method(bad)
 
@@ -151,6 +152,7 @@ def test_drafters_of_method_names():
     assert build("ngram_g16_s4_m12") == jaxspec.NGramDrafter(gamma=16, max_n=3, min_n=2, short_gamma=4, long_match=12)
     assert build("draft_g3_n6_k2") == jaxspec.ModelDrafter(DRAFT, gamma=3, tree_nodes=6, branching=2)
     assert build("early_exit_l1_g2") == jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=2)
+    assert build("draft_g4_c25") == jaxspec.ModelDrafter(DRAFT, gamma=4, confidence=0.25)
     assert build("early_exit_g2").n_layers == 1  # default: a quarter of the target's blocks, at least 1
     assert build("lookahead_w3_n3_g2") == jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2)
     assert build("lookahead") == jaxspec.LookaheadDrafter()  # the drafter's defaults

@@ -222,13 +222,13 @@ def _checked(path: str, kind: str, target, config: ModelConfig | None):
 
 
 def load_eagle_head(path: str, target, config: ModelConfig | None = None, *, gamma: int = 4, tree_nodes: int = 0,
-                    branching: int = 4):
+                    branching: int = 4, confidence: float = 0.0):
     """Read an EAGLE-3 head for ``target`` and build its drafter.
 
     Args:
       path: a head directory written by ``save_head`` (``checkpoints_tools train-eagle``).
       target: the target ``jaxspec.Model``, or its params pytree (then pass ``config``).
-      gamma, tree_nodes, branching: the ``EagleDrafter``'s (chain by default).
+      gamma, tree_nodes, branching, confidence: the ``EagleDrafter``'s (chain by default).
 
     Returns:
       ``(EagleDrafter, drafter_params)`` for ``jaxspec.generate(drafter=, drafter_params=)``.
@@ -245,7 +245,7 @@ def load_eagle_head(path: str, target, config: ModelConfig | None = None, *, gam
     manifest, config = _checked(path, "eagle3", target, config)
     cfg = manifest["config"]
     tree = _restore(path, *_stored_shapes(manifest), manifest)
-    drafter = EagleDrafter(cfg, gamma=gamma, tree_nodes=tree_nodes, branching=branching)
+    drafter = EagleDrafter(cfg, gamma=gamma, tree_nodes=tree_nodes, branching=branching, confidence=confidence)
     return drafter, {"head": _as_target_dtype(tree["head"], target), "d2t": _checked_d2t(path, tree["d2t"], config)}
 
 

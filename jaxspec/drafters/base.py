@@ -194,3 +194,25 @@ def check_int(name: str, value, low: int, high: int | None = None, why: str = ""
     if not ok:
         limit = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ValueError(f"{name} must be an integer {limit}{why}, got {value!r}")
+
+
+def check_confidence(confidence, tree_nodes: int) -> None:
+    """Raise ``ValueError`` unless ``confidence`` is a number in ``[0, 1)``, and 0 for a tree
+    (``tree_nodes`` > 0: a dynamic tree is already grown by draft confidence within its node
+    budget)."""
+    ok = isinstance(confidence, (int, float)) and not isinstance(confidence, bool) and 0 <= confidence < 1
+    if not ok:
+        raise ValueError(f"confidence must be a number in [0, 1) (0: always draft gamma tokens), got {confidence!r}")
+    if confidence and tree_nodes:
+        raise ValueError(f"confidence applies to chains (tree_nodes=0): a tree is grown by draft confidence within "
+                         f"its node budget already; got confidence={confidence} with tree_nodes={tree_nodes}")
+
+
+def chain_capabilities(gamma: int, confidence: float, **flags) -> Capabilities:
+    """A chain drafter's ``Capabilities``: with a confidence threshold (``draw_chain``) its
+    chains stop early, so it abstains and is verified at the width its longest active chain
+    needs (every width 0 .. ``gamma``, a branch each); ``flags``: the other fields."""
+    if confidence:
+        return Capabilities(abstains=True, verify_widths=tuple(range(1, gamma)), **flags)
+    return Capabilities(**flags)
+

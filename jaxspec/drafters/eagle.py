@@ -17,7 +17,9 @@ committed text and never a rejected draft (no ``keep_path`` needed).
 Chain mode: q is the head's distribution over the draft vocabulary, scattered into the
 target's vocabulary (0 outside it) and processed like the target's p (``draw_chain``):
 lossless at any temperature; tokens outside the draft vocabulary are never drafted, which
-costs acceptance, never exactness. Tree mode: deterministic top-k (one-hot acceptance).
+costs acceptance, never exactness; with ``confidence`` the chain stops where the head's
+cumulative probability of it falls below the threshold (``draw_chain``). Tree mode:
+deterministic top-k (one-hot acceptance).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import jax.numpy as jnp
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import dynamic_tree
-from jaxspec.drafters.base import Capabilities, check_gamma, check_int
+from jaxspec.drafters.base import chain_capabilities, check_confidence, check_gamma, check_int
 from jaxspec.drafters.model import draw_chain
 from jaxspec.models import eagle3
 from jaxspec.models.eagle3 import EagleConfig
@@ -61,14 +63,14 @@ class EagleDrafter:
 
     Attributes:
       config: the head's ``EagleConfig`` (its target, draft vocabulary, captured layers).
-      gamma, tree_nodes, branching: as ``ModelDrafter``'s; ``branching <= draft_vocab``.
+      gamma, tree_nodes, branching, confidence: as ``ModelDrafter``'s; ``branching <= draft_vocab``.
 
     ``drafter_params``: the head (``jaxspec.load_eagle_head`` returns it with its drafter):
     ``{"head": params, "d2t": int32 [Vd]}``; ``select_params`` adds the target's embedding.
 
     Raises:
-      ValueError: ``gamma``, ``tree_nodes`` or ``branching`` out of range (at construction);
-        a target whose config differs from the head's, or head params of the wrong shapes (at
+      ValueError: ``gamma``, ``tree_nodes``, ``branching`` or ``confidence`` out of range (at
+        construction); a target whose config differs from the head's, or head params of the wrong shapes (at
         ``validate``, before any compile).
     """
 
@@ -76,15 +78,17 @@ class EagleDrafter:
     gamma: int = 4
     tree_nodes: int = 0
     branching: int = 4
+    confidence: float = 0.0
 
     def __post_init__(self):
         check_gamma(self.gamma)
         check_int("branching", self.branching, 1, self.config.draft_vocab, " (at most the draft vocabulary)")
         dynamic_tree.check_tree(self.gamma, self.tree_nodes, self.branching)
+        check_confidence(self.confidence, self.tree_nodes)
 
     @property
-    def capabilities(self) -> Capabilities:
-        return Capabilities(capture=self.config.capture)
+    def capabilities(self):
+        return chain_capabilities(self.gamma, self.confidence, capture=self.config.capture)
 
     @property
     def n_nodes(self) -> int:
@@ -158,7 +162,7 @@ class EagleDrafter:
                 return (out.cache, out.hidden[:, 0]), eagle3.target_logits(out.logits[:, 0], d2t, vocab)
 
             (cache, _), proposal = draw_chain(step, (cache, hidden), eagle3.target_logits(logits, d2t, vocab),
-                                              context, self.gamma)
+                                              context, self.gamma, self.confidence)
             return dataclasses.replace(state, cache=cache), proposal
         k = self.branching
 

@@ -8,7 +8,9 @@ as a chain of sampled drafts or a top-k tree.
   Elhoushi et al. 2024, "LayerSkip", Sec. 4; Zhang et al. 2024, "Draft & Verify").
 
 Chain mode (``tree_nodes=0``): ``gamma`` drafts drawn one after another from the drafter's
-processed distribution q, which acceptance uses (lossless at any temperature).
+processed distribution q, which acceptance uses (lossless at any temperature). With a
+``confidence`` threshold the chain stops where the drafter's cumulative probability of it
+falls below the threshold (``draw_chain``), so that an unlikely draft costs no verify width.
 
 Tree mode (``tree_nodes=N``): EAGLE-2's dynamic tree of depth ``gamma``
 (``jaxspec.drafters.dynamic_tree``), ranked by the draft model's raw distribution; the
@@ -36,44 +38,71 @@ from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import dynamic_tree
 from jaxspec.drafters.dynamic_tree import check_tree
-from jaxspec.drafters.base import Capabilities, check_gamma, check_int
+from jaxspec.drafters.base import chain_capabilities, check_confidence, check_gamma, check_int
 from jaxspec.sampling import fold_rows, processed_probs, sample
 from jaxspec.tree import Proposal
 
 
-def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int) -> tuple[Any, Proposal]:
+def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
+               confidence: float = 0.0) -> tuple[Any, Proposal]:
     """A chain of ``gamma`` drafts, each drawn from the drafter's processed distribution q
     (the target's processing: ``processed_probs`` with the history plus the drafts so far),
     which the proposal carries, so acceptance is lossless at any temperature.
+
+    With ``confidence`` > 0, draft i is valid only while the drafter's probability of drafts
+    0 .. i - 1 times the largest probability of draft i's distribution (each under the RAW
+    distribution ``softmax(logits)``, the same at every temperature) is at least
+    ``confidence``: the chain stops where the drafter expects a rejection, and the engine
+    verifies only as many nodes as the longest chain of the batch keeps (a one-token step
+    when none). Whether draft i is proposed depends on the drafts before it and on the SHAPE
+    of its distribution, never on the token drawn at i (that would bias the draws the
+    acceptance rule takes as samples of q; keeping draft i by its own probability fails the
+    exact-distribution test: TV 0.10, p = 0) nor on the target, so acceptance stays exact.
+    Greedy, the two agree (the draft is the most probable token). Stopping a chain on a
+    predicted rejection: SpecDec++ (Huang et al. 2024, Sec. 3); Hugging Face's
+    ``assistant_confidence_threshold``; EAGLE-2 (Li et al. 2024, Sec. 4) grows its trees by
+    the same cumulative draft probability.
 
     Args:
       step: ``step(carry, token [B], i) -> (carry, logits [B, V])``: feed draft ``i - 1``
         (``token``) and score draft ``i`` (i = 1 .. gamma - 1).
       carry: the drafter's state threaded through ``step`` (a ``lax.scan`` carry).
       logits: float32 ``[B, V]`` scoring draft 0; context: the ``Context``.
+      confidence: the threshold in ``[0, 1)``; 0 keeps every draft (static).
 
     Returns:
-      ``(carry, Proposal.chain of [B, gamma] with q [B, gamma, V])``.
+      ``(carry, Proposal.chain of [B, gamma] with q [B, gamma, V])``; its valid nodes are a
+      prefix of the chain.
     """
     keys = context.keys
 
     def draft(logits, history, i):
         q = processed_probs(logits, context.sampling, history)
         d = sample(fold_rows(keys, i), q)
-        return d, q, history.add(d[:, None], jnp.ones_like(d[:, None], bool))
+        sure = jnp.ones((d.shape[0], 2), jnp.float32)  # [raw prob of d, largest raw prob]
+        if confidence:
+            raw = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+            sure = jnp.stack([jnp.take_along_axis(raw, d[:, None], axis=1)[:, 0], jnp.max(raw, axis=-1)], axis=1)
+        return d, q, sure, history.add(d[:, None], jnp.ones_like(d[:, None], bool))
 
-    d0, q0, history = draft(logits, context.history, 0)
+    d0, q0, sure0, history = draft(logits, context.history, 0)
 
     def scan_step(scan_carry, i):
         carry, token, history = scan_carry
         carry, logits = step(carry, token, i)
-        d, q, history = draft(logits, history, i)
-        return (carry, d, history), (d, q)
+        d, q, sure, history = draft(logits, history, i)
+        return (carry, d, history), (d, q, sure)
 
-    (carry, _, _), (ds, qs) = jax.lax.scan(scan_step, (carry, d0, history), jnp.arange(1, gamma, dtype=jnp.int32))
+    (carry, _, _), (ds, qs, sures) = jax.lax.scan(scan_step, (carry, d0, history),
+                                                  jnp.arange(1, gamma, dtype=jnp.int32))
     drafts = jnp.concatenate([d0[:, None], ds.T], axis=1)
     q = jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
-    return carry, Proposal.chain(drafts, q=q)
+    valid = None
+    if confidence:
+        sure = jnp.concatenate([sure0[:, None], jnp.swapaxes(sures, 0, 1)], axis=1)  # [B, gamma, 2]
+        before = jnp.cumprod(jnp.pad(sure[:, :-1, 0], ((0, 0), (1, 0)), constant_values=1.0), axis=1)
+        valid = jnp.cumprod(before * sure[:, :, 1] >= confidence, axis=1).astype(bool)  # a prefix
+    return carry, Proposal.chain(drafts, valid=valid, q=q)
 
 
 @jax.tree_util.register_dataclass
@@ -102,9 +131,11 @@ class ModelDrafter:
       tree_nodes: 0 for a chain; else N, the tree's node budget, in
         ``[1, branching + (gamma - 1) * branching ** 2]`` (the candidates it grows).
       branching: children per expanded node and expanded nodes per depth (tree mode), >= 1.
+      confidence: chain mode: stop the chain where the draft model's cumulative probability
+        of it falls below this, in ``[0, 1)`` (``draw_chain``; 0: always ``gamma`` drafts).
 
     Raises:
-      ValueError: ``gamma``, ``tree_nodes`` or ``branching`` out of range (at construction);
+      ValueError: ``gamma``, ``tree_nodes``, ``branching`` or ``confidence`` out of range (at construction);
         vocabulary sizes, BOS or EOS ids differ, or no draft params (at ``validate``, before
         any compile). ``jaxspec.check_pair`` also compares the tokenizers' strings.
     """
@@ -113,12 +144,18 @@ class ModelDrafter:
     gamma: int = 4
     tree_nodes: int = 0
     branching: int = 4
-    capabilities = Capabilities()
+    confidence: float = 0.0
+    shares_target_weights = False  # class attribute, not a field: early exit's is True
 
     def __post_init__(self):
         check_gamma(self.gamma)
         check_int("branching", self.branching, 1, self.config.vocab_size)
         check_tree(self.gamma, self.tree_nodes, self.branching)
+        check_confidence(self.confidence, self.tree_nodes)
+
+    @property
+    def capabilities(self):
+        return chain_capabilities(self.gamma, self.confidence, shares_target_weights=self.shares_target_weights)
 
     @property
     def n_nodes(self) -> int:
@@ -167,7 +204,7 @@ class ModelDrafter:
             out = models.forward(params, cfg, token[:, None], pos, cache)
             return out.cache, out.logits[:, 0]
 
-        cache, proposal = draw_chain(step, cache, logits, context, self.gamma)
+        cache, proposal = draw_chain(step, cache, logits, context, self.gamma, self.confidence)
         b = proposal.tokens.shape[0]
         fed = jnp.where(jnp.arange(self.gamma) < self.gamma - 1, jnp.arange(1, self.gamma + 1), -1)
         return DraftState(cache, jnp.broadcast_to(fed, (b, self.gamma)).astype(jnp.int32)), proposal
@@ -199,29 +236,29 @@ class EarlyExitDrafter(ModelDrafter):
     Args:
       target_config: the target's ``ModelConfig``.
       n_layers: blocks to keep, ``1 <= n_layers < target_config.n_layers``.
-      gamma, tree_nodes, branching: as ``ModelDrafter``'s (chain by default).
+      gamma, tree_nodes, branching, confidence: as ``ModelDrafter``'s (chain by default).
 
     The drafter's params are a view of the target's (no copy): ``select_params`` slices them.
 
     Raises:
-      ValueError: ``n_layers``, ``gamma``, ``tree_nodes`` or ``branching`` out of range (at
+      ValueError: ``n_layers``, ``gamma``, ``tree_nodes``, ``branching`` or ``confidence`` out of range (at
         construction); a target whose config is not the one this drafter was built for (at
         ``validate``).
     """
 
     n_layers: int = 1
     # its params are the target's, so it runs on the target's shards under a mesh (``jaxspec.sharding``)
-    capabilities = Capabilities(shares_target_weights=True)
+    shares_target_weights = True
 
     def __init__(self, target_config: ModelConfig, n_layers: int, gamma: int = 4, tree_nodes: int = 0,
-                 branching: int = 4):
+                 branching: int = 4, confidence: float = 0.0):
         if not isinstance(n_layers, int) or not 1 <= n_layers < target_config.n_layers:
             raise ValueError(
                 f"n_layers for early exit must be in [1, {target_config.n_layers - 1}] "
                 f"(the target has {target_config.n_layers} layers), got {n_layers}"
             )
         fields = dict(config=target_config.truncated(n_layers), gamma=gamma, tree_nodes=tree_nodes,
-                      branching=branching, n_layers=n_layers)
+                      branching=branching, confidence=confidence, n_layers=n_layers)
         for name, value in fields.items():  # a frozen dataclass sets its fields in __init__ this way
             object.__setattr__(self, name, value)
         self.__post_init__()
