@@ -215,4 +215,3 @@ def chain_capabilities(gamma: int, confidence: float, **flags) -> Capabilities:
     if confidence:
         return Capabilities(abstains=True, verify_widths=tuple(range(1, gamma)), **flags)
     return Capabilities(**flags)
-
