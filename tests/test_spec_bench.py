@@ -110,12 +110,28 @@ def test_spec_bench_end_to_end(tmp_path):
 
     sampled = str(tmp_path / "res" / "sampled")
     assert spec_bench.main(common + ["--temperature", "0.8", "--methods", "plain,draft_g2,hf_plain,hf_assisted_g2",
-                                     "--no-plots", "--out", sampled]) == 0
+                                     "--no-plots", "--reps", "2", "--out", sampled]) == 0
     with open(sampled + ".json") as f:
         res = json.load(f)
     assert res["summary"]["greedy"] is False and res["settings"]["temperature"] == 0.8
+    assert res["settings"]["reps"] == 2
+    for row in res["rows"]:  # two timed calls each, same seeds: same tokens; the faster one counts
+        for name, x in row["methods"].items():
+            assert len(x["seconds_reps"]) == 2 and x["reps_identical"] is True, name
+            assert x["seconds"] == min(x["seconds_reps"]), name
     assert res["rows"][0]["seeds"] == [0] and res["rows"][-1]["seeds"] == [3]
     assert res["summary"]["by_batch_size"]["1"]["draft_g2"]["mean_accepted_tokens"] >= 1.0
+
+
+def test_median_run():
+    """``--reps``: the run of median time is kept with its own tokens; repeats that differ are flagged."""
+    runs = [spec_bench.Run(tokens=[[1, 2]], seconds=s, extra={"i": i}) for i, s in enumerate((3.0, 1.0, 2.0))]
+    m = spec_bench.median_run(runs)
+    assert m.seconds == 2.0 and m.extra["i"] == 2 and m.extra["seconds_reps"] == [3.0, 1.0, 2.0]
+    assert m.extra["reps_identical"] is True
+    runs[0] = spec_bench.Run(tokens=[[1, 3]], seconds=3.0)
+    assert spec_bench.median_run(runs).extra["reps_identical"] is False
+    assert spec_bench.median_run(runs[:1]) is runs[0]
 
 
 def test_questions_file():
