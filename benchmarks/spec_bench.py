@@ -48,10 +48,11 @@ is warmed up once per batch size; a jaxspec call that compiled a new shape bucke
 repeated and the repeat timed). Methods run interleaved per batch (all methods on batch 1,
 then all on batch 2, ...; the order rotates from batch to batch) so machine load hits them
 alike. ``--reps k`` times every call k times, in k interleaved rounds of all the methods, and
-keeps the median (a single call on this 2-core machine moves a category by ~10% between
-runs); every time is recorded (``seconds_reps``). transformers runs in a process of its own (``HFProcess``: memory), started before
-jaxspec loads; each call waits for the other engine's reply, so the two never run at the same
-time. The 1-minute load average is recorded per batch.
+keeps the median (the lower middle for an even k: a single call on this 2-core machine moves
+a category by ~10% between runs); every time is recorded (``seconds_reps``). transformers
+runs in a process of its own (``HFProcess``: memory), started before jaxspec loads; each call
+waits for the other engine's reply, so the two never run at the same time. The 1-minute load
+average is recorded per batch.
 
 Metrics (per category, per batch size; definitions in ``spec_bench_report``): speedup over
 our plain decoding (median over batches of the per-batch ratio of tokens/s, which is the
