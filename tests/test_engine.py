@@ -140,6 +140,40 @@ def test_confident_chains_stop_early_and_equal_plain(tiny, plain_greedy):
         assert single.metrics.drafted[0] == m.drafted[i], "a row's drafts depend on its batch"
 
 
+def test_confident_chain_stops_running_the_drafter_where_no_row_can_go_on():
+    """``draw_chain`` with a threshold runs the drafter's step only while some row's chain can
+    still be kept: draft 0 has probability 0.9 and every later draft 0.5 (max), so at
+    confidence 0.3 draft 1 (0.45) is kept, draft 2 (0.225) is not, and the step runs for drafts
+    1 and 2 only (2 of gamma - 1 = 5 calls; the unconditioned chain runs all 5). A row whose
+    first draft is below the threshold (max 0.2) drafts nothing and alone runs no step."""
+    from jaxspec.drafters.model import draw_chain
+    from jaxspec.drafters.base import Context
+    from jaxspec.sampling import History, SamplingParams
+
+    v, gamma = 8, 6
+
+    def logits_with_max(m, b):  # one token of probability m, the rest equal
+        probs = jnp.full((b, v), (1 - m) / (v - 1)).at[:, 3].set(m)
+        return jnp.log(probs)
+
+    def step(calls, token, i):
+        return calls + 1, logits_with_max(0.5, token.shape[0])
+
+    def run(first, confidence, b=2):
+        ctx = Context(jnp.zeros((b, 4), jnp.int32), jnp.full((b,), 4, jnp.int32),
+                      jax.vmap(jax.random.key)(jnp.arange(b)), SamplingParams.make(b),
+                      History.from_prompt(jnp.zeros((b, 4), jnp.int32), jnp.full((b,), 4, jnp.int32), v))
+        calls, prop = jax.jit(lambda: draw_chain(step, jnp.int32(0), logits_with_max(first, b), ctx, gamma,
+                                                 confidence))()
+        return int(calls), np.asarray(prop.valid)
+
+    calls, valid = run(0.9, 0.3)
+    assert calls == 2 and valid.tolist() == [[True, True, False, False, False, False]] * 2
+    assert run(0.9, 0.0)[0] == gamma - 1
+    calls, valid = run(0.2, 0.3)
+    assert calls == 0 and not valid.any()
+
+
 def test_plain_batch_rows_equal_single_runs(tiny, plain_greedy):
     """Invariant 3 for plain decoding."""
     for i, prompt in enumerate(tiny.prompts):

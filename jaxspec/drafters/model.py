@@ -54,7 +54,9 @@ def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
     distribution ``softmax(logits)``, the same at every temperature) is at least
     ``confidence``: the chain stops where the drafter expects a rejection, and the engine
     verifies only as many nodes as the longest chain of the batch keeps (a one-token step
-    when none). Whether draft i is proposed depends on the drafts before it and on the SHAPE
+    when none); the drafter itself stops at the first draft that no row can keep, so a draft
+    model's forwards past it are skipped (Hugging Face's assistant stops the same way).
+    Whether draft i is proposed depends on the drafts before it and on the SHAPE
     of its distribution, never on the token drawn at i (that would bias the draws the
     acceptance rule takes as samples of q; keeping draft i by its own probability fails the
     exact-distribution test: TV 0.10, p = 0) nor on the target, so acceptance stays exact.
@@ -66,7 +68,8 @@ def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
     Args:
       step: ``step(carry, token [B], i) -> (carry, logits [B, V])``: feed draft ``i - 1``
         (``token``) and score draft ``i`` (i = 1 .. gamma - 1).
-      carry: the drafter's state threaded through ``step`` (a ``lax.scan`` carry).
+      carry: the drafter's state threaded through ``step`` (a ``lax.scan`` carry; with
+        ``confidence``, a ``lax.while_loop`` one).
       logits: float32 ``[B, V]`` scoring draft 0; context: the ``Context``.
       confidence: the threshold in ``[0, 1)``; 0 keeps every draft (static).
 
@@ -86,22 +89,40 @@ def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
         return d, q, sure, history.add(d[:, None], jnp.ones_like(d[:, None], bool))
 
     d0, q0, sure0, history = draft(logits, context.history, 0)
+    if not confidence:
+        def scan_step(scan_carry, i):
+            carry, token, history = scan_carry
+            carry, logits = step(carry, token, i)
+            d, q, _, history = draft(logits, history, i)
+            return (carry, d, history), (d, q)
 
-    def scan_step(scan_carry, i):
-        carry, token, history = scan_carry
+        (carry, _, _), (ds, qs) = jax.lax.scan(scan_step, (carry, d0, history), jnp.arange(1, gamma, dtype=jnp.int32))
+        return carry, Proposal.chain(jnp.concatenate([d0[:, None], ds.T], axis=1),
+                                     q=jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1))
+
+    # With a threshold the drafter also stops RUNNING where no row's chain can go on: draft i
+    # needs before_i = prod_{j < i} p(d_j) >= confidence (its largest probability is <= 1), so
+    # once no row whose chain is still valid has that, drafts i .. gamma - 1 are invalid in
+    # every row and are never computed (a separate draft model saves its forwards). Unfed
+    # nodes keep token 0 and q 0; they are invalid, never candidates nor fed.
+    b = d0.shape[0]
+
+    def go_on(s):
+        i, _, _, _, _, _, valid, before = s
+        return (i < gamma) & jnp.any(valid[:, i - 1] & (before >= confidence))
+
+    def body(s):
+        i, carry, token, history, drafts, qs, valid, before = s
         carry, logits = step(carry, token, i)
         d, q, sure, history = draft(logits, history, i)
-        return (carry, d, history), (d, q, sure)
+        ok = valid[:, i - 1] & (before * sure[:, 1] >= confidence)
+        return (i + 1, carry, d, history, drafts.at[:, i].set(d), qs.at[:, i].set(q), valid.at[:, i].set(ok),
+                before * sure[:, 0])
 
-    (carry, _, _), (ds, qs, sures) = jax.lax.scan(scan_step, (carry, d0, history),
-                                                  jnp.arange(1, gamma, dtype=jnp.int32))
-    drafts = jnp.concatenate([d0[:, None], ds.T], axis=1)
-    q = jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1)
-    valid = None
-    if confidence:
-        sure = jnp.concatenate([sure0[:, None], jnp.swapaxes(sures, 0, 1)], axis=1)  # [B, gamma, 2]
-        before = jnp.cumprod(jnp.pad(sure[:, :-1, 0], ((0, 0), (1, 0)), constant_values=1.0), axis=1)
-        valid = jnp.cumprod(before * sure[:, :, 1] >= confidence, axis=1).astype(bool)  # a prefix
+    init = (jnp.int32(1), carry, d0, history, jnp.zeros((b, gamma), jnp.int32).at[:, 0].set(d0),
+            jnp.zeros((b, gamma) + q0.shape[1:], q0.dtype).at[:, 0].set(q0),
+            jnp.zeros((b, gamma), bool).at[:, 0].set(sure0[:, 1] >= confidence), sure0[:, 0])
+    _, carry, _, _, drafts, q, valid, _ = jax.lax.while_loop(go_on, body, init)
     return carry, Proposal.chain(drafts, valid=valid, q=q)
 
 
