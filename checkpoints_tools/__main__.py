@@ -50,6 +50,9 @@ def main(argv=None) -> int:
         t.add_argument("--instruct-skip", type=int, default=0, metavar="K",
                        help="skip the first K prompts of --seed's sequence (answered by an earlier run: "
                             "--instruct 1000 --instruct-skip 1000 gives the second thousand)")
+        t.add_argument("--magpie", type=int, default=0, metavar="N",
+                       help="N user queries written by the target itself after its chat template's user-turn "
+                            "header (Magpie; checkpoints_tools/magpie.py; --seed picks them, --gen-batch rows a call)")
         t.add_argument("--sequences", action="append", default=[], metavar="FILE",
                        help="answers made already (another run's OUT/sequences.json; repeatable): trained on "
                             "together with the answers to any prompts given")
@@ -59,6 +62,8 @@ def main(argv=None) -> int:
                        help="prompts per generate / teacher-forced batch (default: 8)")
         t.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STEP",
                        help="continue from the latest (or the given) checkpoint in --out")
+        t.add_argument("--answers-only", action="store_true",
+                       help="write OUT/sequences.json (the target's answers) and stop, to train later with --sequences")
         t.add_argument("--no-progress", action="store_true", help="no progress bar")
         if name == "train-medusa":
             t.add_argument("--heads", type=int, default=4, help="Medusa heads (default: 4)")
@@ -121,7 +126,9 @@ def _train_head(args) -> int:
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig)
                          if hasattr(args, f.name)})
     prompts = []
-    if args.data or args.chatterbot or args.human_eval or args.instruct or not args.sequences:
+    if args.magpie < 0:
+        raise ValueError(f"--magpie must be >= 0 queries, got {args.magpie}")
+    if args.data or args.chatterbot or args.human_eval or args.instruct or not (args.sequences or args.magpie):
         prompts = drafter_data.read_prompts(args.data, chatterbot=args.chatterbot, human_eval=args.human_eval,
                                             instruct=args.instruct, seed=args.seed,
                                             instruct_skip=args.instruct_skip)
@@ -131,6 +138,14 @@ def _train_head(args) -> int:
         sequences += drafter_data.load_sequences(path, model.params)
         print(f"{len(sequences)} answered prompts after {path}")
     cfg.check(model.config.vocab_size, medusa=medusa_heads > 0)
+    if args.magpie:
+        from tqdm import tqdm
+
+        from checkpoints_tools.magpie import magpie_prompts
+
+        with tqdm(total=args.magpie, disable=args.no_progress, desc="magpie queries") as bar:
+            prompts += magpie_prompts(model, args.magpie, seed=args.seed, batch=args.gen_batch,
+                                      progress=lambda k: bar.update(k - bar.n))
     ids = []
     if prompts:
         if model.tokenizer is None:
@@ -140,7 +155,11 @@ def _train_head(args) -> int:
               f"out {args.out}")
     resume = False if args.resume is None else (True if args.resume == "latest" else int(args.resume))
     r = train_eagle.run(model, ids, cfg, args.out, max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch,
-                        resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads, sequences=sequences)
+                        resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads, sequences=sequences,
+                        answers_only=args.answers_only)
+    if args.answers_only:
+        print(f"wrote {os.path.abspath(r['sequences'])}: {r['n']} answered prompts")
+        return 0
     first, last = r["initial"], r["final"]
     acc = lambda r: [round(a, 3) for a in r["acceptance"]]  # noqa: E731
     print(f"held-out loss {first['loss']:.3f} -> {last['loss']:.3f}; held-out acceptance (top-1 == target's, per "

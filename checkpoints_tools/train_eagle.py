@@ -575,7 +575,7 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
 
 def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, max_new_tokens: int = 128,
         gen_batch: int = 8, resume: bool | int = False, progress: bool = True, medusa_heads: int = 0,
-        sequences: list[tuple[list[int], int]] | None = None, log=print) -> dict:
+        sequences: list[tuple[list[int], int]] | None = None, answers_only: bool = False, log=print) -> dict:
     """The whole pipeline: self-distill, choose the draft vocabulary, teacher-forced
     features, train. The answers are kept in ``OUT/sequences.json`` (``sequences=`` reuses
     another run's: ``drafter_data.load_sequences``), prepared data in ``OUT/data.npz``, reused
@@ -593,6 +593,8 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
         on before the answers to ``prompt_ids``.
       resume: False (start; ``OUT`` must hold no checkpoint), True (the latest saved step)
         or a step number.
+      answers_only: stop once ``OUT/sequences.json`` is written (answer on one machine, train
+        on another); returns ``{"sequences": path, "n": count}``.
 
     Raises:
       ValueError: a setting out of range (named, with its limit), no prompt, a resume with
@@ -640,7 +642,7 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
             same_data = data_key(json.load(f)) == data_key(record)
     with open(meta, "w") as f:
         json.dump(record, f, indent=1)
-    if (resume_step is not None or same_data) and os.path.isfile(data_file):
+    if not answers_only and (resume_step is not None or same_data) and os.path.isfile(data_file):
         data = Dataset.load(data_file)
     else:
         from tqdm import tqdm
@@ -652,6 +654,8 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
                 sequences = answered + drafter_data.self_distill(model, prompt_ids, max_new_tokens=max_new_tokens,
                                                                  batch=gen_batch, progress=bar.update)
         drafter_data.save_sequences(os.path.join(out_dir, "sequences.json"), sequences, params, max_new_tokens)
+        if answers_only:
+            return {"sequences": os.path.join(out_dir, "sequences.json"), "n": len(sequences)}
         d2t = np.zeros((0,), np.int32)
         if cfg.draft_vocab:
             d2t = drafter_data.draft_vocabulary(sequences, cfg.draft_vocab, config.vocab_size)

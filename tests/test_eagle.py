@@ -397,6 +397,13 @@ def test_answered_sequences_and_new_prompts_train_together(tiny, trained, tmp_pa
     plain = jaxspec.generate(model, new, max_new_tokens=tiny.max_new).tokens
     assert saved[:4] == seqs and saved[4:] == [(p + t, len(p)) for p, t in zip(new, plain)]
     assert len(r["losses"]) == 1
+    # answers_only: the same sequences.json, then stop (no features, no checkpoint)
+    only = str(tmp_path / "only")
+    r = train_eagle.run(model, new, quick, only, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
+                        log=lambda *_: None, sequences=seqs, answers_only=True)
+    assert r == {"sequences": os.path.join(only, "sequences.json"), "n": 8}
+    assert drafter_data.load_sequences(r["sequences"], model.params) == saved
+    assert sorted(os.listdir(only)) == ["sequences.json", "train.json"]
 
 
 def test_converted_head_ships_in_bfloat16_and_shipped_names_are_checked(tiny, trained, tmp_path, monkeypatch):

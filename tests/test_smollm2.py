@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jaxspec
+from conftest import smollm2
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, then explain it.",
@@ -17,14 +18,6 @@ PROMPTS = [
     "Rewrite this sentence in the passive voice: The cat chased the mouse across the garden.",
 ]
 NEW_TOKENS = 40
-
-
-@functools.lru_cache(maxsize=1)
-def smollm2():
-    try:
-        return jaxspec.load("smollm2-135m")
-    except FileNotFoundError as e:  # the wheel is installed by the README's test command
-        pytest.skip(str(e))
 
 
 @functools.lru_cache(maxsize=1)
