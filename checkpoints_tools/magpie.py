@@ -10,6 +10,11 @@ kind of request its own fine-tuning data held (SmolLM2-135M-Instruct's included 
 so its queries cover the distribution the target was aligned on, in every shape and length,
 with no dataset download and no benchmark text. The answers are then the target's own
 (``drafter_data.self_distill``), as for every other prompt source.
+
+Measured (2026-12-03, README): at equal size and steps (1000 answers, 500 steps) a head on
+Magpie answers agreed with the target a little more on held-out Magpie prompts than one on the
+templated instructions did on theirs, but carried no better to Spec-Bench (tau 1.30 / 1.31 vs
+1.32 / 1.35 at gamma 2 / 4): the hypothesis above did not hold for SmolLM2-135M.
 """
 
 from __future__ import annotations
