@@ -68,8 +68,7 @@ def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
     Args:
       step: ``step(carry, token [B], i) -> (carry, logits [B, V])``: feed draft ``i - 1``
         (``token``) and score draft ``i`` (i = 1 .. gamma - 1).
-      carry: the drafter's state threaded through ``step`` (a ``lax.scan`` carry; with
-        ``confidence``, a ``lax.while_loop`` one).
+      carry: the drafter's state threaded through ``step`` (a ``lax.while_loop`` carry).
       logits: float32 ``[B, V]`` scoring draft 0; context: the ``Context``.
       confidence: the threshold in ``[0, 1)``; 0 keeps every draft (static).
 
@@ -89,22 +88,11 @@ def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
         return d, q, sure, history.add(d[:, None], jnp.ones_like(d[:, None], bool))
 
     d0, q0, sure0, history = draft(logits, context.history, 0)
-    if not confidence:
-        def scan_step(scan_carry, i):
-            carry, token, history = scan_carry
-            carry, logits = step(carry, token, i)
-            d, q, _, history = draft(logits, history, i)
-            return (carry, d, history), (d, q)
-
-        (carry, _, _), (ds, qs) = jax.lax.scan(scan_step, (carry, d0, history), jnp.arange(1, gamma, dtype=jnp.int32))
-        return carry, Proposal.chain(jnp.concatenate([d0[:, None], ds.T], axis=1),
-                                     q=jnp.concatenate([q0[:, None], jnp.swapaxes(qs, 0, 1)], axis=1))
-
-    # With a threshold the drafter also stops RUNNING where no row's chain can go on: draft i
-    # needs before_i = prod_{j < i} p(d_j) >= confidence (its largest probability is <= 1), so
-    # once no row whose chain is still valid has that, drafts i .. gamma - 1 are invalid in
-    # every row and are never computed (a separate draft model saves its forwards). Unfed
-    # nodes keep token 0 and q 0; they are invalid, never candidates nor fed.
+    # One loop for every threshold: draft i needs before_i = prod_{j < i} p(d_j) >= confidence
+    # (its largest probability is <= 1), so once no row whose chain is still valid has that,
+    # drafts i .. gamma - 1 are invalid in every row and are never computed (a separate draft
+    # model saves its forwards). With confidence 0 every draft is kept and the loop runs
+    # gamma - 1 steps. Unfed nodes keep token 0 and q 0; they are invalid, never candidates nor fed.
     b = d0.shape[0]
 
     def go_on(s):
