@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import bench_env  # noqa: E402
-from spec_bench import QUESTIONS, JaxRunner, load_questions, parse_method  # noqa: E402
+from spec_bench import QUESTIONS, JaxRunner, load_questions, parse_method, resolve_heads  # noqa: E402
 
 
 def mixed_questions(path: str, n: int, keep=lambda q: True) -> list[dict]:
@@ -86,7 +86,8 @@ def main(argv=None) -> int:
 
     model = jaxspec.load(args.model)
     draft = jaxspec.load(args.draft_model) if args.draft_model else None
-    runner = JaxRunner(model, draft, 3, 2)
+    heads = resolve_heads(args.model, methods)  # eagle_* / medusa_*: the heads that ship for --model
+    runner = JaxRunner(model, draft, 3, 2, heads["eagle"], heads["medusa"])
     tok = model.tokenizer
     if any(args.n_questions % b for b in sizes):
         ap.error(f"--n-questions ({args.n_questions}) must be a multiple of every batch size {sizes}")

@@ -282,6 +282,19 @@ class Run:
     extra: dict = dataclasses.field(default_factory=dict)
 
 
+def resolve_heads(model_name: str, methods, eagle_head: str | None = None, medusa_heads: str | None = None) -> dict:
+    """``{"eagle": path, "medusa": path}`` for the ``eagle_*`` / ``medusa_*`` methods: the given
+    paths, else the heads that ship for ``model_name`` (``jaxspec.shipped_head``, which raises
+    when none ships)."""
+    import jaxspec
+
+    heads = {"eagle": eagle_head, "medusa": medusa_heads}
+    for kind, name in jaxspec.checkpoints.heads.KINDS.items():  # "eagle3" -> "eagle"
+        if heads[name] is None and any(m.kind == name for m in methods):
+            heads[name] = jaxspec.shipped_head(model_name, kind)
+    return heads
+
+
 class JaxRunner:
     """jaxspec's methods on one target (and, for ``draft_*``, one draft model)."""
 
@@ -676,10 +689,7 @@ def main(argv=None) -> int:
     tok = model.tokenizer
     if tok is None:
         raise SystemExit(f"error: {args.model} has no tokenizer: the questions are text")
-    heads = {"eagle": args.eagle_head, "medusa": args.medusa_heads}
-    for kind, name in jaxspec.checkpoints.heads.KINDS.items():  # "eagle3" -> "eagle": the shipped head
-        if heads[name] is None and any(m.kind == name for m in methods):
-            heads[name] = jaxspec.shipped_head(args.model, kind)
+    heads = resolve_heads(args.model, methods, args.eagle_head, args.medusa_heads)
     jax_runner = JaxRunner(model, draft_model, args.ngram_max, args.ngram_min, heads["eagle"], heads["medusa"])
     for m in methods:  # a missing or foreign head fails here, before anything runs
         if m.kind in ("eagle", "medusa"):

@@ -59,9 +59,10 @@ def _parser() -> argparse.ArgumentParser:
                         "gamma")
     g.add_argument("--branching", type=int, default=4, metavar="K",
                    help="model/early-exit/eagle trees: children per expanded node (default: 4)")
-    g.add_argument("--draft-confidence", type=float, default=0.0, metavar="C",
+    g.add_argument("--draft-confidence", type=float, default=None, metavar="C",
                    help="model/early-exit/eagle chains: stop a chain where the drafter's cumulative probability of "
-                        "it falls below C, in [0, 1) (default: 0, always --gamma drafts); lossless")
+                        "it falls below C, in [0, 1) (0: always --gamma drafts; default: 0.3 for --drafter model "
+                        "chains, 0 otherwise); lossless")
     g.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
@@ -242,7 +243,7 @@ def _make_drafter(args, model, load):
                                     branches=branches, short_gamma=args.short_gamma,
                                     long_match=args.long_match), None
     tree = dict(tree_nodes=args.tree_nodes, branching=args.branching)
-    if args.drafter != "medusa":
+    if args.drafter != "medusa" and args.draft_confidence is not None:  # None: the drafter's default
         tree["confidence"] = args.draft_confidence
     if args.drafter == "early-exit":
         k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers

@@ -94,14 +94,14 @@ class Tiny:
             return jaxspec.NGramDrafter(gamma=gamma, max_n=3, min_n=1), None
         if kind == "early_exit":
             return jaxspec.EarlyExitDrafter(self.cfg, n_layers=1, gamma=gamma), None
-        if kind == "model_noisy":
-            return jaxspec.ModelDrafter(self.cfg, gamma=gamma), self.noisy_params
+        if kind == "model_noisy":  # every chain here drafts gamma tokens (confidence 0, not the default)
+            return jaxspec.ModelDrafter(self.cfg, gamma=gamma, confidence=0.0), self.noisy_params
         if kind == "model_confident":  # model_noisy's chains, stopped below cumulative confidence 0.1
             return jaxspec.ModelDrafter(self.cfg, gamma=gamma, confidence=0.1), self.noisy_params
         if kind == "model_self":  # same config as model_noisy: shares its compiled program
-            return jaxspec.ModelDrafter(self.cfg, gamma=gamma), self.params
+            return jaxspec.ModelDrafter(self.cfg, gamma=gamma, confidence=0.0), self.params
         if kind == "model_small":
-            return jaxspec.ModelDrafter(self.draft_cfg, gamma=gamma), self.draft_params
+            return jaxspec.ModelDrafter(self.draft_cfg, gamma=gamma, confidence=0.0), self.draft_params
         raise ValueError(kind)
 
     def generate(self, prompts, kind: str = "plain", gamma: int = 0, **kw):

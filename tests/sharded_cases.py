@@ -103,7 +103,7 @@ def models(config=TARGET):
 def drafter(kind, draft_params):
     return {"plain": (None, None), "ngram": (jaxspec.NGramDrafter(gamma=3, min_n=1), None),
             "early_exit": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3), None),
-            "model": (jaxspec.ModelDrafter(TARGET, gamma=3), draft_params),
+            "model": (jaxspec.ModelDrafter(TARGET, gamma=3, confidence=0.0), draft_params),
             "ngram_tree": (jaxspec.NGramDrafter(gamma=2, min_n=1, branches=3), None),
             "early_exit_tree": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3, tree_nodes=6, branching=2), None),
             "model_tree": (jaxspec.ModelDrafter(TARGET, gamma=3, tree_nodes=8, branching=3), draft_params),

@@ -106,3 +106,26 @@ def test_tree_drafter_flags(capsys):
                                                            "early-exit or eagle, not ngram")):
         with pytest.raises(SystemExit, match=message):
             cli.main(["generate", "hi", "--max-new-tokens", "2", *flags])
+
+
+def test_draft_model_chains_default_to_a_confidence_threshold():
+    """A draft model's chain stops below cumulative draft probability 0.3 unless told otherwise
+    (measured: ``jaxspec.drafters.model.DEFAULT_CONFIDENCE``); a tree, early exit and an explicit
+    ``--draft-confidence 0`` keep every draft. The CLI leaves the default to the drafter."""
+    import types
+
+    import jaxspec
+    from jaxspec.drafters.model import DEFAULT_CONFIDENCE
+    from conftest import DRAFT, TARGET
+
+    assert DEFAULT_CONFIDENCE == 0.3
+    assert jaxspec.ModelDrafter(DRAFT).confidence == 0.3
+    assert jaxspec.ModelDrafter(DRAFT, confidence=0.0).confidence == 0.0
+    assert jaxspec.ModelDrafter(DRAFT, tree_nodes=5, branching=2).confidence == 0.0
+    assert jaxspec.EarlyExitDrafter(TARGET, n_layers=1).confidence == 0.0
+    draft = types.SimpleNamespace(config=DRAFT)
+    for flags, expected in (([], 0.3), (["--draft-confidence", "0"], 0.0), (["--draft-confidence", "0.5"], 0.5),
+                            (["--tree-nodes", "5", "--branching", "2"], 0.0)):
+        args = cli._parser().parse_args(["generate", "x", "--drafter", "model", "--draft-model", "d", *flags])
+        drafter, params = cli._make_drafter(args, None, lambda name: draft)
+        assert (drafter.confidence, params) == (expected, draft), flags

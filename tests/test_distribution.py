@@ -298,7 +298,7 @@ def _drafter(kind: str, gamma: int, models):
     if kind == "plain":
         return None, None
     if kind == "model":
-        return jaxspec.ModelDrafter(DRAFT, gamma=gamma), models["draft"]
+        return jaxspec.ModelDrafter(DRAFT, gamma=gamma, confidence=0.0), models["draft"]
     if kind == "model_confident":  # chains stopped below cumulative draft probability 0.3
         return jaxspec.ModelDrafter(DRAFT, gamma=gamma, confidence=0.3), models["draft"]
     if kind == "ngram":
@@ -319,7 +319,7 @@ def _drafter(kind: str, gamma: int, models):
         d = jaxspec.EagleDrafter(EAGLE, gamma=gamma, **tree)
         return d, d.select_params(models["target"], models["eagle"])
     if kind == "sampled_siblings":  # SpecInfer: siblings drawn i.i.d. from q, each carrying q
-        return SampledSiblings(DRAFT, gamma=1, tree_nodes=0), models["draft"]
+        return SampledSiblings(DRAFT, gamma=1, tree_nodes=0, confidence=0.0), models["draft"]
     raise ValueError(kind)
 
 

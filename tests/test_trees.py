@@ -70,7 +70,7 @@ class ShapedDrafter:
 
     @property
     def inner(self):
-        return jaxspec.ModelDrafter(self.config, gamma=self.n_nodes)
+        return jaxspec.ModelDrafter(self.config, gamma=self.n_nodes, confidence=0.0)
 
     def select_params(self, target_params, drafter_params):
         return {"model": target_params, **drafter_params}
