@@ -24,6 +24,9 @@ and long_match):
                              chain of 4, or an EAGLE-2 tree of 8 nodes, depth 4, branching 2
   eagle_g4_c30, draft_g4_c30 a chain stopped where the drafter's cumulative probability of it
                              falls below 0.30 (confidence=0.30; draft, early_exit, eagle chains)
+  eagle_g2_a155              any drafter with the acceptance gate at tau 1.55 (``_a`` in hundredths,
+                             ``disable_by_acceptance=1.55``, jaxspec.policy); without ``_a`` the gate
+                             is off (None): the drafter itself is measured
   medusa_g4, medusa_g3_k2    Medusa-1 heads (--medusa-heads; default: those that ship for --model):
                              chain of 4, or the static tree topk=(2, 2, 2)
   hf_plain                   transformers model.generate (greedy or sampled like ours)
@@ -104,7 +107,7 @@ CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction"
               "translation", "summarization", "qa", "math_reasoning", "rag")
 BASE = "plain"
 KINDS = ("plain", "ngram", "draft", "early_exit", "lookahead", "eagle", "medusa", "hf_plain", "hf_prompt_lookup", "hf_assisted")
-_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklwsmc]\d+)*)$")
+_METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklwsmca]\d+)*)$")
 
 
 # ----------------------------------------------------------------------------- questions
@@ -165,6 +168,7 @@ class Method:
         name's ``_g``, ``_b``, ``_n``, ``_k``, ``_l``, ``_s``, ``_m``, ``_c`` numbers (None where
         absent; ``_c`` in percent: ``eagle_g4_c30`` stops chains below confidence 0.30); for
         ``lookahead`` the ``_w``, ``_n``, ``_g`` numbers are window, ngram, guesses instead.
+      acceptance: ``_a``, the acceptance gate's tau in hundredths (None: no gate).
     """
 
     name: str
@@ -180,6 +184,7 @@ class Method:
     short_gamma: int | None = None
     long_match: int | None = None
     confidence: int | None = None
+    acceptance: int | None = None
 
     @property
     def is_hf(self) -> bool:
@@ -203,9 +208,9 @@ def parse_method(name: str) -> Method:
     if not m:
         raise ValueError(f"unknown method {name!r}: a kind ({', '.join(KINDS)}) then optional _g<gamma> _b<branches> "
                          f"_n<tree nodes> _k<branching> _l<early-exit layers> _s<short gamma> _m<long match> "
-                         f"_c<confidence percent>, e.g. ngram_g4_b2, ngram_g16_s4, draft_g4_n8_k2, eagle_g4_c30")
+                         f"_c<confidence percent> _a<acceptance gate tau x 100>, e.g. ngram_g4_b2, ngram_g16_s4, draft_g4_n8_k2, eagle_g4_c30")
     fields = {"g": "gamma", "b": "branches", "n": "tree_nodes", "k": "branching", "l": "layers", "s": "short_gamma",
-              "m": "long_match", "c": "confidence"}
+              "m": "long_match", "c": "confidence", "a": "acceptance"}
     if m.group(1) == "lookahead":
         fields = {"w": "window", "n": "ngram", "g": "guesses"}
     parts = [p for p in m.group(2).split("_") if p]
@@ -216,6 +221,8 @@ def parse_method(name: str) -> Method:
                "early_exit": {"gamma", "tree_nodes", "branching", "layers", "confidence"}, "hf_prompt_lookup": {"gamma"},
                "eagle": {"gamma", "tree_nodes", "branching", "confidence"}, "medusa": {"gamma", "branching"},
                "hf_assisted": {"gamma"}, "lookahead": {"window", "ngram", "guesses"}}[m.group(1)]
+    if m.group(1) not in ("plain", "lookahead") and not m.group(1).startswith("hf_"):
+        allowed = allowed | {"acceptance"}
     if set(values) - allowed:
         raise ValueError(f"method {name!r}: {m.group(1)} takes {sorted(allowed) or 'no numbers'}, got {sorted(values)}")
     return Method(name=name, kind=m.group(1), **values)
@@ -324,9 +331,11 @@ class JaxRunner:
 
         d = self.drafter(method)
         # disable_by_batch_size=None: measure the drafter itself at every batch size, never the
-        # batch-aware policy's plain fallback (jaxspec.policy)
+        # batch-aware policy's plain fallback (jaxspec.policy); the acceptance gate only where
+        # the method names it (_a)
+        gate = None if method.acceptance is None else method.acceptance / 100
         kw = dict(drafter=d, drafter_params=self._params[method.name], max_new_tokens=max_new,
-                  temperature=temperature, seed=seeds, disable_by_batch_size=None)
+                  temperature=temperature, seed=seeds, disable_by_batch_size=None, disable_by_acceptance=gate)
         compile_s = 0.0
         for _ in range(3):  # a call that compiled a new shape bucket is repeated: time the repeat
             t0 = time.perf_counter()
@@ -340,7 +349,7 @@ class JaxRunner:
         return Run(tokens=res.tokens, seconds=sec, target_forwards=m.target_forwards.tolist(),
                    drafted=m.drafted.tolist() if spec else None, accepted=m.accepted.tolist() if spec else None,
                    accepted_at=m.accepted_at.tolist() if spec else None,
-                   extra={"run_s": m.run_s, "compile_s": compile_s})
+                   extra={"run_s": m.run_s, "compile_s": compile_s, "gated": m.gated.tolist()})
 
 
 class HFRunner:

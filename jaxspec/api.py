@@ -277,9 +277,10 @@ def _buckets(req: Request, window: int, data: int = 1) -> Buckets:
 
 
 def _inputs(req: Request, shapes: Buckets, config: ModelConfig, tokenizer,
-            synthetic_acceptance: synthetic.SyntheticAcceptance | None = None) -> engine.Inputs:
+            synthetic_acceptance: synthetic.SyntheticAcceptance | None = None,
+            gate_tau: float | None = None) -> engine.Inputs:
     """``engine.Inputs`` of a request already padded to ``shapes.batch`` rows (with synthetic
-    acceptance rates for every row when given)."""
+    acceptance rates, and the acceptance gate's threshold, for every row when given)."""
     from jaxspec import stopping
 
     b, sc = len(req.rows), req.sampling
@@ -296,6 +297,7 @@ def _inputs(req: Request, shapes: Buckets, config: ModelConfig, tokenizer,
         keys=jax.vmap(jax.random.key)(jnp.asarray(req.seeds % (2**32), dtype=jnp.uint32)),
         stops=stopping.make_tables(list(sc.stop), _token_table(tokenizer if sc.stop else None, config.vocab_size)),
         synthetic_rates=None if synthetic_acceptance is None else synthetic_acceptance.row_rates(b),
+        gate_tau=None if gate_tau is None else jnp.full((b,), gate_tau, jnp.float32),
     )
 
 
@@ -310,6 +312,7 @@ class Output:
       tokens: int32 ``[B, S]``: prompt, then generated tokens, up to ``seq_lens``.
       seq_lens, n_steps, n_drafted, n_accepted: int32 ``[B]``.
       accepted_at: int32 ``[B, gamma]``.
+      speculating: bool ``[B]``: False where the acceptance gate turned the row's drafts off.
       logprobs: ``engine.Logprobs`` (``[B, S]``, ``[B, S, N]``, ``[B, S, N]``) or None.
     """
 
@@ -319,6 +322,7 @@ class Output:
     n_drafted: Any
     n_accepted: Any
     accepted_at: Any
+    speculating: Any
     logprobs: Any
 
     @classmethod
@@ -398,6 +402,7 @@ def generate(
     synthetic_acceptance: synthetic.SyntheticAcceptance | None = None,
     allow_synthetic_acceptance: bool = False,
     disable_by_batch_size: int | str | None = "auto",
+    disable_by_acceptance: float | str | None = "auto",
     **settings,
 ) -> GenerationResult:
     """Generate continuations of one or several prompts, speculatively when given a drafter.
@@ -444,6 +449,12 @@ def generate(
         ``"auto"`` (default) the size measured for this drafter on this backend (never
         disabled where none was measured), an int, or None (always speculate). The result's
         ``metrics.speculation`` says when it applied. Same greedy output either way.
+      disable_by_acceptance: the acceptance gate (``jaxspec.policy``): a row whose mean
+        accepted length (tau) over its last ``policy.GATE_WINDOW`` verify steps falls below
+        this decodes plainly for the rest of the call, where its drafter does not pay;
+        ``"auto"`` (default) the break-even tau measured for this drafter and node budget on
+        this backend (never gated where none was measured), a number in ``[1, N + 1]``, or
+        None (never). ``metrics.gated`` says which rows it stopped. Lossless either way.
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
         ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\n\n"], n=4, logprobs=5``.
 
@@ -458,7 +469,8 @@ def generate(
         mismatch), a mesh whose ``model`` axis does not divide the heads, MLP width or
         vocabulary; ``synthetic_acceptance`` without ``allow_synthetic_acceptance=True``,
         without a drafter or with a number of rates other than the drafter's gamma; a
-        ``disable_by_batch_size`` other than "auto", None or an int >= 1. All before
+        ``disable_by_batch_size`` other than "auto", None or an int >= 1; a
+        ``disable_by_acceptance`` other than "auto", None or a number in [1, N + 1]. All before
         anything is compiled.
       TypeError: an unknown setting.
     """
@@ -497,6 +509,9 @@ def generate(
     speculation = policy.decide(disable_by_batch_size, drafter, len(req.rows), synthetic_acceptance is not None)
     if speculation is not None:
         drafter = drafter_params = None
+    gate_tau = policy.gate(disable_by_acceptance, drafter)
+    if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
+        gate_tau = None
     plan = None
     if mesh is not None:
         from jaxspec import sharding
@@ -507,7 +522,7 @@ def generate(
     gamma = draft_window(drafter)
 
     shapes = _buckets(req, engine.window(drafter), 1 if plan is None else plan.data)
-    inputs = _inputs(req.padded(shapes.batch), shapes, config, tokenizer, synthetic_acceptance)
+    inputs = _inputs(req.padded(shapes.batch), shapes, config, tokenizer, synthetic_acceptance, gate_tau)
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     if plan is not None:
         params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
@@ -518,15 +533,15 @@ def generate(
         synthetic.warn(synthetic_acceptance)
     out, compile_s, run_s = _run(fn, key, params, drafter_params, inputs)
     return _result(out.rows(len(req.rows)), req, gamma, tokenizer, compile_s, run_s, synthetic_acceptance,
-                   speculation)
+                   speculation, gate_tau)
 
 
 def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, run_s: float,
             synthetic_acceptance: synthetic.SyntheticAcceptance | None = None,
-            speculation: str | None = None) -> GenerationResult:
+            speculation: str | None = None, gate_tau: float | None = None) -> GenerationResult:
     """``GenerationResult`` of the request's rows from the program's ``Output`` (numpy),
     marked synthetic when ``synthetic_acceptance`` ran; ``speculation``: why the policy
-    decoded plainly, or None."""
+    decoded plainly, or None; ``gate_tau``: the acceptance gate's threshold, or None."""
     from jaxspec import stopping
 
     sc, lens, seq_lens = req.sampling, req.prompt_lens, out.seq_lens
@@ -544,6 +559,8 @@ def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, 
         synthetic=synthetic_acceptance is not None,
         synthetic_rates=() if synthetic_acceptance is None else synthetic_acceptance.rates,
         speculation=speculation,
+        gate_tau=gate_tau,
+        gated=~out.speculating if gate_tau is not None else np.zeros(len(lens), bool),
     )
     texts, reasons, stop_reasons = None if tokenizer is None else [], [], []
     min_new = req.settings["min_new_tokens"]

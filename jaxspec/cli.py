@@ -115,6 +115,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--disable-by-batch-size", default="auto", metavar="auto|none|K",
                    help="batch-aware policy (jaxspec.policy): decode plainly when a call has more than K rows; auto "
                         "(default): the size measured for the drafter on this backend; none: always speculate")
+    g.add_argument("--disable-by-acceptance", default="auto", metavar="auto|none|TAU",
+                   help="acceptance gate (jaxspec.policy): a row whose mean accepted length over its last verify "
+                        "steps falls below TAU decodes plainly from then on; auto (default): the break-even tau "
+                        "measured for the drafter on this backend; none: never")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap prompts in the model's chat template (default: on)")
     g.add_argument("--prompts-file", help='JSONL file, one {"prompt": ...} per line')
@@ -372,6 +376,19 @@ def _batch_policy(args):
     return value
 
 
+def _acceptance_gate(args):
+    """``--disable-by-acceptance`` as ``generate`` takes it: "auto", None or a number (range
+    checked by ``generate``, which knows the drafter)."""
+    v = args.disable_by_acceptance
+    if v in ("auto", "none"):
+        return {"auto": "auto", "none": None}[v]
+    try:
+        return float(v)
+    except ValueError:
+        raise SystemExit(f"error: --disable-by-acceptance must be auto, none or a number (a mean accepted length), "
+                         f"got {v!r}")
+
+
 def _generate(args) -> int:
     from rich.console import Console
 
@@ -381,6 +398,7 @@ def _generate(args) -> int:
     prompts = _read_prompts(args)
     sampling = _sampling(args)
     batch_policy = _batch_policy(args)  # a bad value exits before the model loads
+    gate = _acceptance_gate(args)
     _check_head_file(args)
     synthetic = _synthetic(args)
     if synthetic is not None:
@@ -407,7 +425,7 @@ def _generate(args) -> int:
                                        mesh=mesh, shard_drafter=args.shard_drafter and d is not None,
                                        synthetic_acceptance=synthetic if spec else None,
                                        allow_synthetic_acceptance=spec,
-                                       disable_by_batch_size=batch_policy)
+                                       disable_by_batch_size=batch_policy, disable_by_acceptance=gate)
         if res.metrics.compile_s > 0:
             console.print(_compile_line(label, args, res, compile_cache.hits() - hits, cache_dir), soft_wrap=True)
         return res
@@ -427,7 +445,7 @@ def _generate(args) -> int:
                       "metrics": {**{k: summary[k] for k in ("acceptance_rate", "tau", "gamma", "compile_s", "run_s",
                                                             "tokens_per_s", "new_tokens", "target_forwards",
                                                             "synthetic", "synthetic_acceptance_rates",
-                                                            "speculation_off")},
+                                                            "speculation_off", "gate_tau", "rows_gated")},
                                   "rows": [res.metrics.row(j) for j in range(len(res.tokens))]}}
             if args.compare:
                 base = run(prompt, None, None, "plain", i)
@@ -450,6 +468,10 @@ def _generate(args) -> int:
                               f"tau {res.metrics.tau:.2f}[/dim]")
             if res.metrics.speculation:
                 console.print(f"[yellow]{res.metrics.speculation}[/yellow]", soft_wrap=True)
+            if res.metrics.gated.any():
+                console.print(f"[yellow]acceptance gate: {int(res.metrics.gated.sum())} of {len(res.tokens)} row(s) "
+                              f"fell below tau {res.metrics.gate_tau:g} and decoded plainly from then on "
+                              f"(--disable-by-acceptance none: always speculate)[/yellow]", soft_wrap=True)
     except ValueError as e:
         raise SystemExit(f"error: {e}")
 

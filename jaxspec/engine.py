@@ -12,6 +12,10 @@ path plus one replacement/bonus token, the cache keeps only that path in contigu
 completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens`` along the path.
 Rows never wait for each other; finished rows idle until every row is done.
 ``drafter=None`` is plain autoregressive decoding through the same loop (an empty tree).
+With ``Inputs.gate_tau`` (``jaxspec.policy``'s acceptance gate) a row whose tokens per verify
+step over its last ``policy.GATE_WINDOW`` steps fell below its threshold stops speculating:
+its drafts are masked out, and a step in which no active row speculates skips the drafter
+(``lax.cond``) and verifies the root alone, a plain step.
 For benchmarks only, ``Inputs.synthetic_rates`` swaps the acceptance rule for random
 acceptance at chosen rates (``jaxspec.synthetic``, NOT lossless); nothing else changes.
 
@@ -32,7 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxspec import acceptance, cache as cache_lib, models, stopping, synthetic
+from jaxspec import acceptance, cache as cache_lib, models, policy, stopping, synthetic
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import Committed, Context, Prefill
@@ -74,6 +78,8 @@ class LoopState:
     n_drafted: jax.Array  # int32 [B]: valid draft nodes proposed (a drafter may abstain)
     n_accepted: jax.Array  # int32 [B]: accepted draft tokens that were emitted (not cut by a stop)
     accepted_at: jax.Array  # int32 [B, gamma]: times an accepted draft at depth i + 1 was emitted
+    speculating: jax.Array  # bool [B]: the acceptance gate has not turned the row's drafts off
+    recent: jax.Array  # int32 [B, GATE_WINDOW]: tokens emitted by the row's last verify steps (a ring)
 
 
 @jax.tree_util.register_dataclass
@@ -90,6 +96,10 @@ class Inputs:
     # float32 [B, gamma]: conditional acceptance rates of SYNTHETIC acceptance (jaxspec.synthetic,
     # not lossless), or None (the default: real verification). None vs an array is static.
     synthetic_rates: jax.Array | None = None
+    # float32 [B]: the acceptance gate's threshold per row (jaxspec.policy), or None (no gate,
+    # static): a row whose mean tokens per verify step over its last GATE_WINDOW steps is below
+    # it stops speculating.
+    gate_tau: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +195,8 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
         n_drafted=zeros,
         n_accepted=zeros,
         accepted_at=jnp.zeros((b, gamma), jnp.int32),
+        speculating=jnp.ones((b,), bool),
+        recent=jnp.zeros((b, policy.GATE_WINDOW), jnp.int32),
     )
 
 
@@ -237,28 +249,57 @@ def _first_nodes(proposal: Proposal, n: int) -> Proposal:
     return Proposal(proposal.tokens[:, :n], proposal.parents[:, :n], proposal.valid[:, :n], q)
 
 
+def _gated(drafter, inputs: Inputs) -> bool:
+    """Whether this program runs the acceptance gate (static)."""
+    return drafter is not None and inputs.gate_tau is not None and inputs.synthetic_rates is None
+
+
+def _gate(inputs: Inputs, s: LoopState, n_keep, active):
+    """``(speculating, recent)`` after a step that emitted ``n_keep [B]`` tokens per row: the
+    count goes into the row's ring, and a row that has made ``GATE_WINDOW`` verify steps
+    stops speculating once their mean is below its ``gate_tau``."""
+    window = s.recent.shape[1]
+    slot = jax.nn.one_hot(s.n_steps % window, window, dtype=bool) & active[:, None]
+    recent = jnp.where(slot, n_keep[:, None], s.recent)
+    full = s.n_steps + active >= window
+    low = jnp.sum(recent, axis=1) < inputs.gate_tau * window
+    return s.speculating & ~(active & full & low), recent
+
+
 def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, s: LoopState):
     keys = fold_rows(inputs.keys, s.step + 1)
     root = jnp.take_along_axis(s.tokens, (s.seq_lens - 1)[:, None], axis=1)[:, 0]
     b = root.shape[0]
     sp = inputs.sampling
+    gated = _gated(drafter, inputs)
+    drafting = jnp.any(s.speculating & ~s.done)  # False only once the gate turned every active row off
     with jax.named_scope("draft"):
         if drafter is None:
             drafter_state, proposal = None, Proposal.empty(b)
         else:
             context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), sp, s.history)
-            drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
+            propose = lambda state: drafter.propose(drafter_params, state, context)  # noqa: E731
+            if gated:
+                shapes = jax.eval_shape(propose, s.drafter_state)[1]
+                skip = lambda state: (state, _no_nodes(shapes))  # noqa: E731
+                drafter_state, proposal = jax.lax.cond(drafting, propose, skip, s.drafter_state)
+                proposal = dataclasses.replace(proposal, valid=proposal.valid & s.speculating[:, None])
+            else:
+                drafter_state, proposal = propose(s.drafter_state)
             if inputs.synthetic_rates is not None:
                 proposal = synthetic.fill(proposal, root)  # the full window, every step
     width = proposal.n_nodes + 1
     with jax.named_scope("verify"):
         verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
                                    logprobs=logprobs, width=width)
-        if drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None:
+        abstains = drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None
+        if abstains or gated:
             # Verify the shortest prefix of the nodes that holds every active row's valid nodes,
             # among a few static widths: no draft at all is a one-token step, one chain of a
             # tree (the best n-gram match alone) a (gamma + 1)-token one, and the drafter's own.
-            widths = sorted({0, drafter.gamma, proposal.n_nodes, *drafter.capabilities.verify_widths})
+            # A drafter that never abstains is gated to no node or all of them.
+            extra = {drafter.gamma, *drafter.capabilities.verify_widths} if abstains else set()
+            widths = sorted({0, proposal.n_nodes} | extra)
             node = jnp.arange(1, proposal.n_nodes + 1)[None]
             used = jnp.max(jnp.where(proposal.valid & ~s.done[:, None], node, 0))
             pick = sum((used > w).astype(jnp.int32) for w in widths[:-1])
@@ -294,7 +335,10 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         if drafter is not None:
             committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
                                   v.captured, v.argmax)
-            drafter_state = drafter.commit(drafter_params, drafter_state, committed)
+            commit = lambda state: drafter.commit(drafter_params, state, committed)  # noqa: E731
+            drafter_state = jax.lax.cond(drafting, commit, lambda state: state, drafter_state) if gated \
+                else commit(drafter_state)
+        speculating, recent = _gate(inputs, s, n_keep, active) if gated else (s.speculating, s.recent)
     return LoopState(
         tokens=tokens,
         seq_lens=seq_lens,
@@ -309,7 +353,16 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         n_drafted=s.n_drafted + v.n_drafted * counted,
         n_accepted=s.n_accepted + n_emitted_drafts,
         accepted_at=s.accepted_at + (jnp.arange(gamma)[None] < n_emitted_drafts[:, None]),
+        speculating=speculating,
+        recent=recent,
     )
+
+
+def _no_nodes(shapes: Proposal) -> Proposal:
+    """A proposal of ``shapes``' structure with no valid node (a chain's topology, zero q)."""
+    b, n = shapes.tokens.shape
+    q = None if shapes.q is None else jnp.zeros(shapes.q.shape, shapes.q.dtype)
+    return Proposal.chain(jnp.zeros((b, n), jnp.int32), valid=jnp.zeros((b, n), bool), q=q)
 
 
 def window(drafter) -> int:

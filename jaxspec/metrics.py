@@ -45,6 +45,10 @@ class Metrics:
         the model's output. synthetic_rates: the conditional rates per position, or ().
       speculation: None when the call ran with the drafter it was given; else the sentence
         saying why the batch-aware policy (``jaxspec.policy``) decoded plainly instead.
+      gate_tau: the acceptance gate's threshold (``jaxspec.policy``), or None (no gate).
+      gated: bool ``[B]``: rows whose tau over their last ``policy.GATE_WINDOW`` verify steps
+        fell below ``gate_tau``, so that they decoded plainly from then on (their drafted and
+        accepted counts stop growing there).
     """
 
     prompt_tokens: np.ndarray
@@ -59,6 +63,8 @@ class Metrics:
     synthetic: bool = False
     synthetic_rates: tuple[float, ...] = ()
     speculation: str | None = None
+    gate_tau: float | None = None
+    gated: np.ndarray | None = None
 
     @property
     def verify_steps(self) -> np.ndarray:
@@ -102,6 +108,7 @@ class Metrics:
             "acceptance_rate": float(self.accepted[b] / self.drafted[b]) if self.drafted[b] else None,
             "acceptance_rate_per_position": [float(x) / max(steps, 1) for x in self.accepted_at[b]],
             "tau": _tau(max(int(self.new_tokens[b]) - 1, 0), steps),
+            "gated": bool(self.gated[b]) if self.gated is not None else False,
             "synthetic": self.synthetic,
         }
 
@@ -123,6 +130,8 @@ class Metrics:
             "synthetic": self.synthetic,
             "synthetic_acceptance_rates": list(self.synthetic_rates) if self.synthetic else None,
             "speculation_off": self.speculation,
+            "gate_tau": self.gate_tau,
+            "rows_gated": int(self.gated.sum()) if self.gated is not None else 0,
         }
 
 

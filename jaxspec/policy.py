@@ -1,4 +1,5 @@
-"""When speculation pays: the batch-aware policy ``jaxspec.generate`` applies.
+"""When speculation pays: the batch-aware policy and the acceptance gate ``jaxspec.generate``
+applies.
 
 Speculation trades extra target compute (every row verifies a window of up to N + 1 tokens
 per step) for fewer sequential target passes. At batch 1 a pass is bound by reading the
@@ -21,6 +22,26 @@ greedy tokens and the same output distribution, so the policy changes speed, nev
 
 Calls with synthetic acceptance (``jaxspec.synthetic``, a benchmark of the system) are never
 disabled. Under ``mesh=`` the rows counted are the whole batch's, all data shards together.
+
+The acceptance gate. Even at batch 1 a drafter pays only on text it predicts: a step costs
+more than a plain one (the drafter's forwards, a wider verify), so a row whose drafts are
+mostly rejected runs slower than plain decoding (the Qwen2.5-Coder pair: 1.24x on code, 0.92x
+on mixed questions). Like TensorRT-LLM's acceptance-based speculation-off
+(``acceptance_window`` / ``acceptance_length_threshold``, NVIDIA/TensorRT-LLM #12905), each
+row tracks its tokens per verify step (tau) over its last ``GATE_WINDOW`` steps; once that
+mean falls below ``disable_by_acceptance`` the row decodes plainly for the rest of the call
+(its drafts are masked out; when no active row speculates, the step skips the drafter and is
+a one-token plain step). Off is permanent, as in TensorRT-LLM: resuming would need the
+drafter's own cache to catch up on the tokens it skipped, which costs a draft model about
+what the gate saved. The gate reads only the row's past, so every step stays lossless: same
+greedy tokens, same output distribution.
+
+``disable_by_acceptance``:
+- ``"auto"`` (default): ``BREAK_EVEN[(backend, drafter class, node budget N)]``, the tau
+  below which that drafter was measured slower than plain decoding on that backend (a step's
+  cost in plain steps); a drafter not measured there is never gated;
+- a number ``t`` in ``[1, N + 1]``: gate below tau ``t``;
+- ``None``: never gate (what benchmarks of speculation itself need).
 """
 
 from __future__ import annotations
@@ -50,6 +71,50 @@ import jax
 # A limit is never below 1: "auto" disables only what a larger batch costs.
 MEASURED: dict[tuple[str, str], int] = {("cpu", "NGramDrafter"): 1, ("cpu", "ModelDrafter"): 1,
                                         ("cpu", "EagleDrafter"): 1, ("cpu", "MedusaDrafter"): 1}
+
+
+# Verify steps a row's tau is averaged over before (and while) the gate may turn it off.
+GATE_WINDOW = 8
+
+# (jax backend, drafter class name, node budget N) -> break-even tau: a row below it over its
+# last GATE_WINDOW steps decodes plainly (the cost of one of that drafter's steps in plain
+# steps, tau / speedup, from side-by-side runs):
+# cpu, ModelDrafter, 4: Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, confidence 0.3, batch
+# 1: tau 2.87 at 0.92x on 16 mixed questions (a step costs 3.12 plain steps;
+# batch_sweep_qwen_cpu_2026-12-03_confidence.json), tau 4.54 at 1.24x on code (3.66;
+# spec_bench_qwen2.5-coder-1.5b_2026-12-03_code_confidence.json); the cost grows with the drafts
+# kept, and the line through both points crosses tau = cost at 3.24.
+# cpu, EagleDrafter, 2 and MedusaDrafter, 3: SmolLM2-135M's shipped heads (EAGLE-3 gamma 2,
+# Medusa-1 chain of 3), batch 1, 16 questions: tau 1.49 at 0.96x (cost 1.55) and tau 1.21 at
+# 0.81x (1.49) (batch_sweep_smollm2_cpu_2026-12-03_heads.json): a full-width step every time.
+# n-gram is not gated: where it finds no match it abstains, and that step costs a plain one.
+BREAK_EVEN: dict[tuple[str, str, int], float] = {("cpu", "ModelDrafter", 4): 3.24, ("cpu", "EagleDrafter", 2): 1.55,
+                                                 ("cpu", "MedusaDrafter", 3): 1.49}
+
+
+def gate(disable_by_acceptance, drafter, backend: str | None = None) -> float | None:
+    """The tau below which a row stops speculating (None: never), for ``drafter`` (None: plain).
+
+    Args:
+      disable_by_acceptance: ``"auto"``, a number in ``[1, N + 1]`` or None (module docstring).
+      drafter: the drafter object (its class and ``n_nodes`` name the ``BREAK_EVEN`` entry).
+      backend: ``jax.default_backend()`` when None.
+
+    Raises:
+      ValueError: anything else, named with what is allowed.
+    """
+    if disable_by_acceptance == "auto":
+        if drafter is None:
+            return None
+        return BREAK_EVEN.get((backend or jax.default_backend(), type(drafter).__name__, drafter.n_nodes))
+    if disable_by_acceptance is None:
+        return None
+    top = None if drafter is None else drafter.n_nodes + 1
+    ok = isinstance(disable_by_acceptance, (int, float)) and not isinstance(disable_by_acceptance, bool)
+    if not ok or not 1 <= disable_by_acceptance <= (top or float("inf")):
+        raise ValueError(f"disable_by_acceptance must be 'auto', None or a mean accepted length (tau) in "
+                         f"[1, {top or 'N + 1'}] (N: the drafter's node budget), got {disable_by_acceptance!r}")
+    return None if drafter is None else float(disable_by_acceptance)
 
 
 def limit(disable_by_batch_size, drafter, backend: str | None = None) -> int | None:

@@ -40,8 +40,10 @@ from jaxspec import models, policy
 
 # The tests check speculation itself at every batch size (exactness, distributions, metrics),
 # so the batch-aware policy's measured limits (which would decode a batch of 3 plainly on CPU)
-# are cleared; tests/test_policy.py sets them where it tests the policy.
+# are cleared, and so are the acceptance gate's break-even taus (which would turn a row's
+# drafts off mid-run); tests/test_policy.py sets them where it tests the policy.
 policy.MEASURED.clear()
+policy.BREAK_EVEN.clear()
 
 # Target: 2 blocks (so early exit has a strictly shorter drafter), GQA 4 query / 2 KV heads.
 TARGET = jaxspec.ModelConfig(

@@ -38,6 +38,10 @@ import jaxspec.api  # noqa: E402
 from jaxspec import policy  # noqa: E402
 
 policy.MEASURED.clear()  # sharded == unsharded is checked on speculation itself (see conftest.py)
+policy.BREAK_EVEN.clear()
+# The acceptance gate's case gates after 2 verify steps (its 10 new tokens leave room for the
+# gate to act); programs without a gate carry the ring but never read it.
+policy.GATE_WINDOW = 2
 from jaxspec import sharding  # noqa: E402
 from jaxspec import models as decoder  # noqa: E402
 
@@ -67,6 +71,7 @@ class Case:
     shard_drafter: bool = False
     config: jaxspec.ModelConfig = TARGET
     logprobs: int | None = None
+    gate: float | None = None  # disable_by_acceptance (None: no acceptance gate)
 
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
@@ -85,7 +90,9 @@ CASES = [Case(f"{d}x{m}-plain-b{b}", (d, m), "plain", b) for (d, m), b in zip(ME
 ] + [  # draft trees (issue 9): batch 4 on 2x4, batch 1 on 1x8, each tree drafter once
     Case("2x4-ngram_tree-b4", (2, 4), "ngram_tree", 4), Case("2x4-model_tree-b4", (2, 4), "model_tree", 4),
     Case("1x8-early_exit_tree-b1", (1, 8), "early_exit_tree", 1),
-] + [Case("2x4-lookahead-b4", (2, 4), "lookahead", 4)]  # issue 12: pool and window per row, over `data`
+] + [Case("2x4-lookahead-b4", (2, 4), "lookahead", 4)  # issue 12: pool and window per row, over `data`
+      ] + [Case("2x4-early_exit_gated-b4", (2, 4), "early_exit", 4, gate=2.5)]  # the acceptance gate: a lax.cond
+# around a drafter whose forward holds the target's collectives, rows gated per data shard
 MULTI_CASES = ("4x2-ngram-b4", "1x8-plain-b1")  # also run by two processes
 EXPLICIT_CASE = "4x2-ngram-b4"  # rerun on jax.make_mesh's own mesh
 ORBAX_CASE = next(c for c in CASES if c.name == "1x8-plain-b1")  # rerun on params restored from orbax
@@ -114,15 +121,16 @@ def run(params, draft_params, case: Case, mesh=None):
     """Generate for ``case`` (batch 1: greedy, then sampled with the same program)."""
     d, dp = drafter(case.drafter, draft_params)
     n_programs = len(jaxspec.api._COMPILED)
-    result = {"tokens": [], "accepted": [], "drafted": []}
+    result = {"tokens": [], "accepted": [], "drafted": [], "gated": []}
     for temperature in ((0.0, 1.0) if case.batch == 1 else (None,)):
         settings = dict(SETTINGS[case.batch], **({} if temperature is None else {"temperature": temperature}))
         out = jaxspec.generate(params, PROMPTS[: case.batch], config=case.config, drafter=d, drafter_params=dp,
                                max_new_tokens=10, ignore_eos=True, seed=3, mesh=mesh, shard_drafter=case.shard_drafter,
-                               logprobs=case.logprobs, **settings)
+                               logprobs=case.logprobs, disable_by_acceptance=case.gate, **settings)
         result["tokens"] += out.tokens
         result["accepted"] += out.metrics.accepted.tolist()
         result["drafted"] += out.metrics.drafted.tolist()
+        result["gated"] += out.metrics.gated.tolist()
     result["new_programs"] = len(jaxspec.api._COMPILED) - n_programs
     if case.logprobs is not None:
         result["logprobs"] = out.logprobs

@@ -57,6 +57,7 @@ def test_sampling_flags_json(capsys):
      (["generate", "hi", "--repetition-penalty", "0"], "--repetition-penalty: repetition_penalty must be"),
      (["generate"], "prompt is empty"),
      (["generate", "hi", "--gamma", "0"], "--gamma must be >= 1"),
+     (["generate", "hi", "--disable-by-acceptance", "high"], "--disable-by-acceptance must be auto, none or a number"),
      (["generate", "hi", "--prompts-file", "x.jsonl"], "not both"),
      (["generate", "--prompts-file", "/nonexistent/p.jsonl"], "cannot read --prompts-file"),
      (["generate", "hi", "--model", "no-such-model"], "unknown model 'no-such-model'"),

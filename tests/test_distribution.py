@@ -47,6 +47,7 @@ rows 0.6 s here), so the program is jitted here with the smallest cache (16 slot
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -59,7 +60,7 @@ import pytest
 import jaxspec
 import jaxspec.api
 import jaxspec.sampling
-from jaxspec import acceptance, engine
+from jaxspec import acceptance, engine, policy
 from jaxspec.cache import KVCache
 from jaxspec import models as decoder
 from jaxspec.models import eagle3
@@ -685,3 +686,31 @@ def test_tree_penalties_over_the_whole_window_are_detected(models, inputs_factor
                                fresh=True)
     p_value, info = _check(counts, _exact_probs(SETTINGS["penalties"]), "tree penalties over the whole window")
     assert p_value < ALPHA, f"the harness did not detect window-wide tree penalties: {info}"
+
+
+def test_acceptance_gate_keeps_the_distribution(models, inputs_factory, monkeypatch):
+    """Rows that the acceptance gate turns off mid-call still sample the target exactly. With
+    a window of one step and gamma 1, a row whose first verify step emitted one token (its
+    draft rejected) has tau 1: under its threshold 2 it decodes its last token plainly, while
+    rows of threshold 1 keep drafting in the same steps (drafts masked per row, the drafter
+    still running): the gate decides from the row's past only, so the emitted tokens keep
+    the target's distribution (T = 1)."""
+    monkeypatch.setattr(policy, "GATE_WINDOW", 1)  # read when the program is traced (fresh below)
+    drafter, dparams = _drafter("model", 1, models)
+    inputs = inputs_factory([PROMPT] * N, max_new_tokens=N_NEW, seed=SEED_STRIDE * 97, vocab_size=V, temperature=1.0)
+    gate_tau = jnp.where(jnp.arange(N) % 2 == 0, 2.0, 1.0).astype(jnp.float32)
+    inputs = dataclasses.replace(inputs, gate_tau=gate_tau)
+    state = jax.device_get(_program(drafter, fresh=True)(models["target"], dparams, inputs))
+    lp = len(PROMPT)
+    np.testing.assert_array_equal(state.seq_lens, lp + N_NEW)
+    gated = ~state.speculating
+    # threshold 2: gated exactly where the first step's draft was rejected; threshold 1: never
+    assert not gated[1::2].any()
+    np.testing.assert_array_equal(gated[0::2], state.n_accepted[0::2] == 0)
+    assert 0.2 < gated[0::2].mean() < 0.8, gated[0::2].mean()
+    np.testing.assert_array_equal(state.n_drafted[gated], 1)  # drafted at step 1 only
+    assert (state.n_drafted[1::2][state.n_steps[1::2] == 2] == 2).all()  # kept drafting at step 2
+    x = state.tokens[:, lp : lp + N_NEW].astype(np.int64)
+    counts = np.bincount((x[:, 0] * V + x[:, 1]) * V + x[:, 2], minlength=V**N_NEW)
+    p_value, info = _check(counts, _exact_probs(SETTINGS["T=1"]), "model gamma 1 T=1, acceptance gate")
+    assert p_value > ALPHA, info

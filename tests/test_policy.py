@@ -70,3 +70,47 @@ def test_batch_sweep_picks_the_limit_and_mixes_categories():
     qs = batch_sweep.mixed_questions(batch_sweep.QUESTIONS, 20)
     cats = [q["category"] for q in qs]
     assert len(set(cats[:13])) == 13 and cats[13] == cats[0] and len(qs) == 20
+
+
+def test_gate_reads_the_break_even_table_and_checks_its_argument(monkeypatch):
+    drafter = jaxspec.NGramDrafter(gamma=2)  # N = 2 nodes: tau is at most 3
+    monkeypatch.setitem(policy.BREAK_EVEN, ("cpu", "NGramDrafter", 2), 1.7)
+    assert policy.gate("auto", drafter, backend="cpu") == 1.7
+    assert policy.gate("auto", drafter, backend="tpu") is None  # not measured there: never gated
+    assert policy.gate("auto", jaxspec.NGramDrafter(gamma=3), backend="cpu") is None  # another node budget
+    assert policy.gate(None, drafter) is None and policy.gate(2.5, drafter) == 2.5 and policy.gate(3, drafter) == 3.0
+    assert policy.gate("auto", None) is None and policy.gate(2.0, None) is None  # plain decoding: nothing to gate
+    for bad in (0.5, 3.5, "2", True, float("nan")):
+        with pytest.raises(ValueError, match=r"disable_by_acceptance must be 'auto', None or a mean accepted length "
+                                             r"\(tau\) in \[1, 3\]"):
+            policy.gate(bad, drafter)
+
+
+def test_acceptance_gate_turns_off_rows_whose_drafts_do_not_pay(tiny, plain_greedy, monkeypatch):
+    """The unrelated draft model (tau ~1.1 here) under a gate of tau 2: every row stops after
+    exactly GATE_WINDOW verify steps of gamma drafts each, the tokens are plain decoding's,
+    and the metrics say which rows; a row whose drafts are all accepted is never gated."""
+    gamma, window = 4, policy.GATE_WINDOW
+    off = tiny.generate(tiny.prompts, "model_small", gamma, disable_by_acceptance=2.0)
+    assert off.tokens == plain_greedy
+    assert off.metrics.gated.tolist() == [True] * 3 and off.metrics.drafted.tolist() == [window * gamma] * 3
+    assert off.metrics.summary()["rows_gated"] == 3 and off.metrics.summary()["gate_tau"] == 2.0
+    assert off.metrics.row(0)["gated"] is True
+    on = tiny.generate(tiny.prompts, "model_small", gamma, disable_by_acceptance=None)
+    assert on.tokens == plain_greedy and not on.metrics.gated.any()
+    assert (on.metrics.drafted > window * gamma).all() and on.metrics.summary()["gate_tau"] is None
+    monkeypatch.setitem(policy.BREAK_EVEN, (jax_backend(), "ModelDrafter", gamma), 2.0)
+    auto = tiny.generate(tiny.prompts, "model_small", gamma)  # "auto": the table's 2.0
+    assert auto.metrics.drafted.tolist() == off.metrics.drafted.tolist() and auto.metrics.gate_tau == 2.0
+    # the target drafting for itself: 5 tokens a step, above any gate up to 5
+    same = tiny.generate(tiny.prompts[:1], "model_self", gamma, max_new_tokens=61, disable_by_acceptance=4.5)
+    assert same.metrics.verify_steps[0] == 12 and not same.metrics.gated.any()
+    with pytest.raises(ValueError, match=r"disable_by_acceptance must be .* in \[1, 5\] .* got 6"):
+        tiny.generate(tiny.prompts, "model_small", gamma, disable_by_acceptance=6)
+
+
+def test_acceptance_gate_is_off_for_synthetic_acceptance(tiny):
+    """A benchmark of the system at chosen acceptance rates is never gated."""
+    res = tiny.generate(tiny.prompts[:1], "model_small", 2, disable_by_acceptance=3.0, allow_synthetic_acceptance=True,
+                        synthetic_acceptance=jaxspec.SyntheticAcceptance(rates=(0.0, 0.0)))
+    assert res.metrics.gate_tau is None and not res.metrics.gated.any()

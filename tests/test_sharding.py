@@ -65,6 +65,7 @@ def test_mesh_gives_unsharded_tokens(single, name):
     assert case["sharded"]["tokens"] == case["ref"]["tokens"]
     assert case["sharded"]["accepted"] == case["ref"]["accepted"]
     assert case["sharded"]["drafted"] == case["ref"]["drafted"]
+    assert case["sharded"]["gated"] == case["ref"]["gated"]
     assert all(len(t) == 10 for t in case["sharded"]["tokens"])  # max_new_tokens, EOS ignored
     if "logprobs" in case["ref"]:
         # float32 logits from psum'd partial matmuls move by ulps: 1e-4 is the CLI's
@@ -78,7 +79,8 @@ def test_mesh_gives_unsharded_tokens(single, name):
 def _reuses_an_earlier_program(case) -> bool:
     """An earlier case has the same program: same mesh, drafter and settings shapes, and the
     same batch once padded to a multiple of ``data``."""
-    key = lambda c: (c.mesh, c.drafter, c.shard_drafter, c.config, c.logprobs, -(-c.batch // c.mesh[0]))  # noqa: E731
+    key = lambda c: (c.mesh, c.drafter, c.shard_drafter, c.config, c.logprobs, c.gate is None,  # noqa: E731
+                     -(-c.batch // c.mesh[0]))
     earlier = CASES[: CASES.index(case)]
     return any(key(c) == key(case) for c in earlier)
 
@@ -105,6 +107,12 @@ def test_sharded_cases_accept_drafts(single):
     every batch-4 row accepts drafts (seen: 5-8 of 10 tokens per row)."""
     for name in ("1x8-model_sharded-b4", "4x2-model-b4", "2x4-early_exit-b4"):
         assert min(single["cases"][name]["sharded"]["accepted"]) > 0, name
+
+
+def test_the_gated_case_gates_some_rows_and_not_others(single):
+    """The acceptance gate's case covers both kinds of row in one sharded program."""
+    gated = single["cases"]["2x4-early_exit_gated-b4"]["ref"]["gated"]
+    assert any(gated) and not all(gated), gated
 
 
 def test_each_device_holds_its_share(single):
