@@ -14,8 +14,8 @@ Rows never wait for each other; finished rows idle until every row is done.
 ``drafter=None`` is plain autoregressive decoding through the same loop (an empty tree).
 With ``Inputs.gate_tau`` (``jaxspec.policy``'s acceptance gate) a row whose tokens per verify
 step over its last ``policy.GATE_WINDOW`` steps fell below its threshold stops speculating:
-its drafts are masked out, and a step in which no active row speculates skips the drafter
-(``lax.cond``) and verifies the root alone, a plain step.
+its drafts are masked out, and once no active row speculates the program leaves the loop for
+a second one of plain steps (``run_program``), which never runs the drafter.
 For benchmarks only, ``Inputs.synthetic_rates`` swaps the acceptance rule for random
 acceptance at chosen rates (``jaxspec.synthetic``, NOT lossless); nothing else changes.
 
@@ -272,34 +272,25 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
     b = root.shape[0]
     sp = inputs.sampling
     gated = _gated(drafter, inputs)
-    drafting = jnp.any(s.speculating & ~s.done)  # False only once the gate turned every active row off
     with jax.named_scope("draft"):
-        if drafter is None:
-            drafter_state, proposal = None, Proposal.empty(b)
+        if drafter is None:  # plain decoding (a gated program's second loop passes the drafter's state on)
+            drafter_state, proposal = s.drafter_state, Proposal.empty(b)
         else:
             context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), sp, s.history)
-            propose = lambda state: drafter.propose(drafter_params, state, context)  # noqa: E731
-            if gated:
-                shapes = jax.eval_shape(propose, s.drafter_state)[1]
-                skip = lambda state: (state, _no_nodes(shapes))  # noqa: E731
-                drafter_state, proposal = jax.lax.cond(drafting, propose, skip, s.drafter_state)
+            drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
+            if gated:  # rows the gate turned off propose nothing
                 proposal = dataclasses.replace(proposal, valid=proposal.valid & s.speculating[:, None])
-            else:
-                drafter_state, proposal = propose(s.drafter_state)
             if inputs.synthetic_rates is not None:
                 proposal = synthetic.fill(proposal, root)  # the full window, every step
     width = proposal.n_nodes + 1
     with jax.named_scope("verify"):
         verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
                                    logprobs=logprobs, width=width)
-        abstains = drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None
-        if abstains or gated:
+        if drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None:
             # Verify the shortest prefix of the nodes that holds every active row's valid nodes,
             # among a few static widths: no draft at all is a one-token step, one chain of a
             # tree (the best n-gram match alone) a (gamma + 1)-token one, and the drafter's own.
-            # A drafter that never abstains is gated to no node or all of them.
-            extra = {drafter.gamma, *drafter.capabilities.verify_widths} if abstains else set()
-            widths = sorted({0, proposal.n_nodes} | extra)
+            widths = sorted({0, drafter.gamma, proposal.n_nodes, *drafter.capabilities.verify_widths})
             node = jnp.arange(1, proposal.n_nodes + 1)[None]
             used = jnp.max(jnp.where(proposal.valid & ~s.done[:, None], node, 0))
             pick = sum((used > w).astype(jnp.int32) for w in widths[:-1])
@@ -335,9 +326,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         if drafter is not None:
             committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
                                   v.captured, v.argmax)
-            commit = lambda state: drafter.commit(drafter_params, state, committed)  # noqa: E731
-            drafter_state = jax.lax.cond(drafting, commit, lambda state: state, drafter_state) if gated \
-                else commit(drafter_state)
+            drafter_state = drafter.commit(drafter_params, drafter_state, committed)
         speculating, recent = _gate(inputs, s, n_keep, active) if gated else (s.speculating, s.recent)
     return LoopState(
         tokens=tokens,
@@ -356,13 +345,6 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         speculating=speculating,
         recent=recent,
     )
-
-
-def _no_nodes(shapes: Proposal) -> Proposal:
-    """A proposal of ``shapes``' structure with no valid node (a chain's topology, zero q)."""
-    b, n = shapes.tokens.shape
-    q = None if shapes.q is None else jnp.zeros(shapes.q.shape, shapes.q.dtype)
-    return Proposal.chain(jnp.zeros((b, n), jnp.int32), valid=jnp.zeros((b, n), bool), q=q)
 
 
 def window(drafter) -> int:
@@ -390,4 +372,10 @@ def run_program(
     gamma = 0 if drafter is None else drafter.gamma
     state = _prefill(target, config, drafter, drafter_params, inputs, max_len, gamma, logprobs)
     step = lambda s: _spec_step(target, config, drafter, drafter_params, inputs, gamma, logprobs, s)  # noqa: E731
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+    if not _gated(drafter, inputs):
+        return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
+    # The acceptance gate: speculate while some active row still does (rows it turned off
+    # propose nothing), then plain steps, without the drafter, for the rows still going.
+    state = jax.lax.while_loop(lambda s: jnp.any(s.speculating & ~s.done), step, state)
+    plain = lambda s: _spec_step(target, config, None, None, inputs, gamma, logprobs, s)  # noqa: E731
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain, state)

@@ -30,8 +30,8 @@ on mixed questions). Like TensorRT-LLM's acceptance-based speculation-off
 (``acceptance_window`` / ``acceptance_length_threshold``, NVIDIA/TensorRT-LLM #12905), each
 row tracks its tokens per verify step (tau) over its last ``GATE_WINDOW`` steps; once that
 mean falls below ``disable_by_acceptance`` the row decodes plainly for the rest of the call
-(its drafts are masked out; when no active row speculates, the step skips the drafter and is
-a one-token plain step). Off is permanent, as in TensorRT-LLM: resuming would need the
+(its drafts are masked out; once no active row speculates, the program leaves its speculative
+loop for a loop of plain steps that never runs the drafter). Off is permanent, as in TensorRT-LLM: resuming would need the
 drafter's own cache to catch up on the tokens it skipped, which costs a draft model about
 what the gate saved. The gate reads only the row's past, so every step stays lossless: same
 greedy tokens, same output distribution.
