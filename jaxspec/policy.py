@@ -31,10 +31,14 @@ on mixed questions). Like TensorRT-LLM's acceptance-based speculation-off
 row tracks its tokens per verify step (tau) over its last ``GATE_WINDOW`` steps; once that
 mean falls below ``disable_by_acceptance`` the row decodes plainly for the rest of the call
 (its drafts are masked out; once no active row speculates, the program leaves its speculative
-loop for a loop of plain steps that never runs the drafter). Off is permanent, as in TensorRT-LLM: resuming would need the
-drafter's own cache to catch up on the tokens it skipped, which costs a draft model about
-what the gate saved. The gate reads only the row's past, so every step stays lossless: same
-greedy tokens, same output distribution.
+loop for a loop of plain steps that never runs the drafter). Off is permanent, as in
+TensorRT-LLM: resuming would first need the drafter's own cache to read every token it
+skipped (for the 0.5B Qwen draft on this CPU a 9-token forward costs 2.5x a 1-token one,
+``benchmarks/results/pass_cost_qwen_cpu_2026-12-03.json``, i.e. ~0.8 of a target step per
+resume). The gate reads only the row's past, so every step stays lossless: same greedy
+tokens, same output distribution. Measured with these thresholds (batch 1, greedy): Qwen pair
+0.92x -> 0.97x median over 15 questions, code unchanged; SmolLM2's Medusa 0.81x -> 0.99x,
+EAGLE 0.98x -> 0.99x (``benchmarks/results/spec_bench_*_2026-12-04_gate.md``).
 
 ``disable_by_acceptance``:
 - ``"auto"`` (default): ``BREAK_EVEN[(backend, drafter class, node budget N)]``, the tau
