@@ -91,9 +91,13 @@ GATE_WINDOW = 8
 # cpu, EagleDrafter, 2 and MedusaDrafter, 3: SmolLM2-135M's shipped heads (EAGLE-3 gamma 2,
 # Medusa-1 chain of 3), batch 1, 16 questions: tau 1.49 at 0.96x (cost 1.55) and tau 1.21 at
 # 0.81x (1.49) (batch_sweep_smollm2_cpu_2026-12-03_heads.json): a full-width step every time.
+# cpu, EagleDrafter, 4 and MedusaDrafter, 4 (the CLI's default gamma): the same heads on 13
+# Spec-Bench questions, 128 tokens: EAGLE g4 tau 1.52 at 0.83x (cost 1.83), Medusa chain of 4
+# tau 1.20 at 0.82x (1.46) (benchmarks/results/spec_bench_smollm2_2026-12-03_drafters.md).
 # n-gram is not gated: where it finds no match it abstains, and that step costs a plain one.
 BREAK_EVEN: dict[tuple[str, str, int], float] = {("cpu", "ModelDrafter", 4): 3.24, ("cpu", "EagleDrafter", 2): 1.55,
-                                                 ("cpu", "MedusaDrafter", 3): 1.49}
+                                                 ("cpu", "MedusaDrafter", 3): 1.49, ("cpu", "EagleDrafter", 4): 1.83,
+                                                 ("cpu", "MedusaDrafter", 4): 1.46}
 
 
 def gate(disable_by_acceptance, drafter, backend: str | None = None) -> float | None:
