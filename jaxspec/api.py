@@ -452,9 +452,10 @@ def generate(
       disable_by_acceptance: the acceptance gate (``jaxspec.policy``): a row whose mean
         accepted length (tau) over its last ``policy.GATE_WINDOW`` verify steps falls below
         this decodes plainly for the rest of the call, where its drafter does not pay;
-        ``"auto"`` (default) the break-even tau measured for this drafter and node budget on
-        this backend (never gated where none was measured), a number in ``[1, N + 1]``, or
-        None (never). ``metrics.gated`` says which rows it stopped. Lossless either way.
+        ``"auto"`` (default) the break-even tau measured for this drafter's chains of this
+        gamma on this backend (trees, and what was not measured, are never gated), a number in
+        ``(1, gamma + 1]``, or None (never). ``metrics.gated`` says which rows it stopped (not a
+        row whose low window ended with its last step). Lossless either way.
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
         ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\n\n"], n=4, logprobs=5``.
 
@@ -470,7 +471,7 @@ def generate(
         vocabulary; ``synthetic_acceptance`` without ``allow_synthetic_acceptance=True``,
         without a drafter or with a number of rates other than the drafter's gamma; a
         ``disable_by_batch_size`` other than "auto", None or an int >= 1; a
-        ``disable_by_acceptance`` other than "auto", None or a number in [1, N + 1]. All before
+        ``disable_by_acceptance`` other than "auto", None or a number in (1, gamma + 1]. All before
         anything is compiled.
       TypeError: an unknown setting.
     """
@@ -506,10 +507,10 @@ def generate(
                              f"({limit}) with {drafter!r}: lower tree_nodes (or gamma); for lookahead, window, ngram "
                              f"or guesses (nodes = (window + guesses) x (ngram - 1))")
     synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
+    gate_tau = policy.gate(disable_by_acceptance, drafter)  # checked against the drafter asked for
     speculation = policy.decide(disable_by_batch_size, drafter, len(req.rows), synthetic_acceptance is not None)
     if speculation is not None:
-        drafter = drafter_params = None
-    gate_tau = policy.gate(disable_by_acceptance, drafter)
+        drafter = drafter_params = gate_tau = None
     if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
         gate_tau = None
     plan = None

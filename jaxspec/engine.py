@@ -254,16 +254,17 @@ def _gated(drafter, inputs: Inputs) -> bool:
     return drafter is not None and inputs.gate_tau is not None and inputs.synthetic_rates is None
 
 
-def _gate(inputs: Inputs, s: LoopState, n_keep, active):
+def _gate(inputs: Inputs, s: LoopState, n_keep, active, done):
     """``(speculating, recent)`` after a step that emitted ``n_keep [B]`` tokens per row: the
     count goes into the row's ring, and a row that has made ``GATE_WINDOW`` verify steps
-    stops speculating once their mean is below its ``gate_tau``."""
+    stops speculating once their mean is below its ``gate_tau``, unless that step ended it
+    (``done [B]``: a last step cut by a stop or ``max_new_tokens`` says nothing of the drafter)."""
     window = s.recent.shape[1]
     slot = jax.nn.one_hot(s.n_steps % window, window, dtype=bool) & active[:, None]
     recent = jnp.where(slot, n_keep[:, None], s.recent)
     full = s.n_steps + active >= window
     low = jnp.sum(recent, axis=1) < inputs.gate_tau * window
-    return s.speculating & ~(active & full & low), recent
+    return s.speculating & ~(active & ~done & full & low), recent
 
 
 def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, s: LoopState):
@@ -327,7 +328,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
             committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
                                   v.captured, v.argmax)
             drafter_state = drafter.commit(drafter_params, drafter_state, committed)
-        speculating, recent = _gate(inputs, s, n_keep, active) if gated else (s.speculating, s.recent)
+        speculating, recent = _gate(inputs, s, n_keep, active, done) if gated else (s.speculating, s.recent)
     return LoopState(
         tokens=tokens,
         seq_lens=seq_lens,

@@ -41,10 +41,10 @@ tokens, same output distribution. Measured with these thresholds (batch 1, greed
 EAGLE 0.98x -> 0.99x (``benchmarks/results/spec_bench_*_2026-12-04_gate.md``).
 
 ``disable_by_acceptance``:
-- ``"auto"`` (default): ``BREAK_EVEN[(backend, drafter class, node budget N)]``, the tau
-  below which that drafter was measured slower than plain decoding on that backend (a step's
-  cost in plain steps); a drafter not measured there is never gated;
-- a number ``t`` in ``[1, N + 1]``: gate below tau ``t``;
+- ``"auto"`` (default): ``BREAK_EVEN[(backend, drafter class, gamma)]``, the tau below which
+  that drafter's chains were measured slower than plain decoding on that backend (a step's
+  cost in plain steps); trees, and drafters not measured there, are never gated;
+- a number ``t`` in ``(1, gamma + 1]``: gate below tau ``t``;
 - ``None``: never gate (what benchmarks of speculation itself need).
 """
 
@@ -80,9 +80,10 @@ MEASURED: dict[tuple[str, str], int] = {("cpu", "NGramDrafter"): 1, ("cpu", "Mod
 # Verify steps a row's tau is averaged over before (and while) the gate may turn it off.
 GATE_WINDOW = 8
 
-# (jax backend, drafter class name, node budget N) -> break-even tau: a row below it over its
-# last GATE_WINDOW steps decodes plainly (the cost of one of that drafter's steps in plain
-# steps, tau / speedup, from side-by-side runs):
+# (jax backend, drafter class name, gamma) -> break-even tau of that drafter's CHAINS (N ==
+# gamma nodes; a tree's step costs more, and none was measured): a row below it over its last
+# GATE_WINDOW steps decodes plainly (the cost of one of that drafter's steps in plain steps,
+# tau / speedup, from side-by-side runs):
 # cpu, ModelDrafter, 4: Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, confidence 0.3, batch
 # 1: tau 2.87 at 0.92x on 16 mixed questions (a step costs 3.12 plain steps;
 # batch_sweep_qwen_cpu_2026-12-03_confidence.json), tau 4.54 at 1.24x on code (3.66;
@@ -94,7 +95,9 @@ GATE_WINDOW = 8
 # cpu, EagleDrafter, 4 and MedusaDrafter, 4 (the CLI's default gamma): the same heads on 13
 # Spec-Bench questions, 128 tokens: EAGLE g4 tau 1.52 at 0.83x (cost 1.83), Medusa chain of 4
 # tau 1.20 at 0.82x (1.46) (benchmarks/results/spec_bench_smollm2_2026-12-03_drafters.md).
-# n-gram is not gated: where it finds no match it abstains, and that step costs a plain one.
+# n-gram is not gated: where it finds no match it abstains, and that step costs a plain one
+# (a threshold the caller gives counts such steps as the one token they emit, as it does for a
+# draft model whose confidence stopped every chain: that step did cost a draft forward).
 BREAK_EVEN: dict[tuple[str, str, int], float] = {("cpu", "ModelDrafter", 4): 3.24, ("cpu", "EagleDrafter", 2): 1.55,
                                                  ("cpu", "MedusaDrafter", 3): 1.49, ("cpu", "EagleDrafter", 4): 1.83,
                                                  ("cpu", "MedusaDrafter", 4): 1.46}
@@ -104,24 +107,27 @@ def gate(disable_by_acceptance, drafter, backend: str | None = None) -> float | 
     """The tau below which a row stops speculating (None: never), for ``drafter`` (None: plain).
 
     Args:
-      disable_by_acceptance: ``"auto"``, a number in ``[1, N + 1]`` or None (module docstring).
-      drafter: the drafter object (its class and ``n_nodes`` name the ``BREAK_EVEN`` entry).
+      disable_by_acceptance: ``"auto"``, a number in ``(1, gamma + 1]`` or None (module
+        docstring): every verify step emits at least 1 token and at most gamma + 1.
+      drafter: the drafter object (its class and ``gamma`` name the ``BREAK_EVEN`` entry, which
+        applies to chains only: ``n_nodes == gamma``).
       backend: ``jax.default_backend()`` when None.
 
     Raises:
       ValueError: anything else, named with what is allowed.
     """
     if disable_by_acceptance == "auto":
-        if drafter is None:
+        if drafter is None or drafter.n_nodes != drafter.gamma:  # plain decoding, or a tree
             return None
-        return BREAK_EVEN.get((backend or jax.default_backend(), type(drafter).__name__, drafter.n_nodes))
+        return BREAK_EVEN.get((backend or jax.default_backend(), type(drafter).__name__, drafter.gamma))
     if disable_by_acceptance is None:
         return None
-    top = None if drafter is None else drafter.n_nodes + 1
+    top = None if drafter is None else drafter.gamma + 1
     ok = isinstance(disable_by_acceptance, (int, float)) and not isinstance(disable_by_acceptance, bool)
-    if not ok or not 1 <= disable_by_acceptance <= (top or float("inf")):
+    if not ok or not 1 < disable_by_acceptance <= (top or float("inf")):
         raise ValueError(f"disable_by_acceptance must be 'auto', None or a mean accepted length (tau) in "
-                         f"[1, {top or 'N + 1'}] (N: the drafter's node budget), got {disable_by_acceptance!r}")
+                         f"(1, {top or 'gamma + 1'}] (every verify step emits at least 1 token and at most gamma + 1"
+                         f"{'' if drafter is None else f', gamma {drafter.gamma} here'}), got {disable_by_acceptance!r}")
     return None if drafter is None else float(disable_by_acceptance)
 
 

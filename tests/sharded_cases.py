@@ -91,8 +91,8 @@ CASES = [Case(f"{d}x{m}-plain-b{b}", (d, m), "plain", b) for (d, m), b in zip(ME
     Case("2x4-ngram_tree-b4", (2, 4), "ngram_tree", 4), Case("2x4-model_tree-b4", (2, 4), "model_tree", 4),
     Case("1x8-early_exit_tree-b1", (1, 8), "early_exit_tree", 1),
 ] + [Case("2x4-lookahead-b4", (2, 4), "lookahead", 4)  # issue 12: pool and window per row, over `data`
-      ] + [Case("2x4-early_exit_gated-b4", (2, 4), "early_exit", 4, gate=2.5)]  # the acceptance gate: a lax.cond
-# around a drafter whose forward holds the target's collectives, rows gated per data shard
+      ] + [Case("2x4-early_exit_gated-b4", (2, 4), "early_exit", 4, gate=2.5)]  # the acceptance gate: rows gated per
+# data shard, then a second (plain) while loop, with a drafter whose forward holds the target's collectives
 MULTI_CASES = ("4x2-ngram-b4", "1x8-plain-b1")  # also run by two processes
 EXPLICIT_CASE = "4x2-ngram-b4"  # rerun on jax.make_mesh's own mesh
 ORBAX_CASE = next(c for c in CASES if c.name == "1x8-plain-b1")  # rerun on params restored from orbax

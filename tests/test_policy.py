@@ -73,17 +73,21 @@ def test_batch_sweep_picks_the_limit_and_mixes_categories():
 
 
 def test_gate_reads_the_break_even_table_and_checks_its_argument(monkeypatch):
-    drafter = jaxspec.NGramDrafter(gamma=2)  # N = 2 nodes: tau is at most 3
+    drafter = jaxspec.NGramDrafter(gamma=2)  # a chain of 2: tau is at most 3
     monkeypatch.setitem(policy.BREAK_EVEN, ("cpu", "NGramDrafter", 2), 1.7)
     assert policy.gate("auto", drafter, backend="cpu") == 1.7
     assert policy.gate("auto", drafter, backend="tpu") is None  # not measured there: never gated
-    assert policy.gate("auto", jaxspec.NGramDrafter(gamma=3), backend="cpu") is None  # another node budget
+    assert policy.gate("auto", jaxspec.NGramDrafter(gamma=3), backend="cpu") is None  # another gamma
+    tree = jaxspec.NGramDrafter(gamma=2, branches=3)  # 6 nodes of depth <= 2: the chain's entry does not apply
+    assert tree.n_nodes == 6 and policy.gate("auto", tree, backend="cpu") is None
     assert policy.gate(None, drafter) is None and policy.gate(2.5, drafter) == 2.5 and policy.gate(3, drafter) == 3.0
     assert policy.gate("auto", None) is None and policy.gate(2.0, None) is None  # plain decoding: nothing to gate
-    for bad in (0.5, 3.5, "2", True, float("nan")):
+    for bad in (1.0, 0.5, 3.5, "2", True, float("nan")):
         with pytest.raises(ValueError, match=r"disable_by_acceptance must be 'auto', None or a mean accepted length "
-                                             r"\(tau\) in \[1, 3\]"):
+                                             r"\(tau\) in \(1, 3\] .*gamma 2 here"):
             policy.gate(bad, drafter)
+    with pytest.raises(ValueError, match=r"in \(1, 3\]"):  # the most a step of the tree emits is gamma + 1 too
+        policy.gate(4, tree)
 
 
 def test_acceptance_gate_turns_off_rows_whose_drafts_do_not_pay(tiny, plain_greedy, monkeypatch):
@@ -102,11 +106,16 @@ def test_acceptance_gate_turns_off_rows_whose_drafts_do_not_pay(tiny, plain_gree
     monkeypatch.setitem(policy.BREAK_EVEN, (jax_backend(), "ModelDrafter", gamma), 2.0)
     auto = tiny.generate(tiny.prompts, "model_small", gamma)  # "auto": the table's 2.0
     assert auto.metrics.drafted.tolist() == off.metrics.drafted.tolist() and auto.metrics.gate_tau == 2.0
-    # the target drafting for itself: 5 tokens a step, above any gate up to 5
-    same = tiny.generate(tiny.prompts[:1], "model_self", gamma, max_new_tokens=61, disable_by_acceptance=4.5)
-    assert same.metrics.verify_steps[0] == 12 and not same.metrics.gated.any()
-    with pytest.raises(ValueError, match=r"disable_by_acceptance must be .* in \[1, 5\] .* got 6"):
+    # the target drafting for itself: 5 tokens a step, above any gate up to 5; with 60 new
+    # tokens its last step emits 4 (the first token is the prefill's), which pulls its last
+    # window below 5, but a row that step ended is not counted as gated
+    for new, threshold in ((61, 4.5), (60, 5.0)):
+        same = tiny.generate(tiny.prompts[:1], "model_self", gamma, max_new_tokens=new, disable_by_acceptance=threshold)
+        assert same.metrics.verify_steps[0] == 12 and not same.metrics.gated.any(), new
+    with pytest.raises(ValueError, match=r"disable_by_acceptance must be .* in \(1, 5\] .* got 6"):
         tiny.generate(tiny.prompts, "model_small", gamma, disable_by_acceptance=6)
+    with pytest.raises(ValueError, match=r"in \(1, 5\] .* got 6"):  # checked even where the batch policy
+        tiny.generate(tiny.prompts, "model_small", gamma, disable_by_acceptance=6, disable_by_batch_size=1)
 
 
 def test_acceptance_gate_is_off_for_synthetic_acceptance(tiny):
