@@ -74,13 +74,16 @@ def parse_policy(name: str) -> dict:
 def replay(prompt: list[int], output: list[int], policy: dict, cost, overhead: float) -> tuple[float, float]:
     """(estimated speedup over plain decoding, tau) of one recorded answer."""
     g, s, k = policy["gamma"], policy["short_gamma"], policy["branches"]
-    widths = sorted({g, g * k} | ({s, s * k} if s else set()))
+    widths = sorted({s, s * k, g} if s else {g, g * k})
     ctx, p, spent, steps = list(prompt), 0, 0.0, 0
     while p < len(output):
         starts = lookup(ctx, k)
         width, accepted = 0, 0
         if starts:
-            depth = g if not s or extent(ctx, starts[0], policy["long_match"]) >= policy["long_match"] else s
+            copying = extent(ctx, starts[0], policy["long_match"]) >= policy["long_match"]
+            depth = g if not s or copying else s
+            if s and copying:  # adaptive depth: the copying match alone, as a chain
+                starts = starts[:1]
             branches = [continuation(ctx, c, depth) for c in starts]
             distinct = [b for i, b in enumerate(branches) if b not in branches[:i]]
             width = min(w for w in widths if w >= depth * len(distinct)) if len(distinct) > 1 else depth

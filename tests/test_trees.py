@@ -203,32 +203,37 @@ def test_bad_tree_settings_are_refused_at_construction(tiny, make, message):
         make(tiny.cfg)
 
 
-def test_ngram_adaptive_depth_packs_the_short_tree_first():
-    """With adaptive depth the proposal's first ``branches x depth`` slots hold exactly the
-    trie of the branches cut to that depth (what ``merge_branches`` gives for the short
-    branches), the rest invalid; the depth follows the best match's extent."""
+def test_ngram_adaptive_tree_drafts_the_copying_match_alone():
+    """With adaptive depth a tree drafts every match's branch cut to ``short_gamma`` (the trie
+    ``merge_branches`` gives) unless the best match is copying; then the best match alone,
+    as one chain of ``gamma``. The node budget is ``max(gamma, branches x short_gamma)``."""
     from jaxspec.drafters import ngram
 
-    conts = jnp.array([[5, 6, 7, 8], [5, 9, 7, 1], [2, 3, 4, 4]], jnp.int32)
-    found = jnp.array([True, True, False])
-    for depth in (1, 2, 3, 4):
-        packed = ngram.merge_branches(conts, found, jnp.int32(depth))
-        short = ngram.merge_branches(conts[:, :depth], found)
-        for got, want in zip(packed, short):
-            np.testing.assert_array_equal(np.asarray(got)[: 3 * depth], np.asarray(want))
-        assert not np.asarray(packed[2])[3 * depth :].any()
-    # text "1 2 3 4 9 | 1 2 3 4": the match of "3 4" extends over 4 tokens
-    row = jnp.array([1, 2, 3, 4, 9, 1, 2, 3, 4, 0, 0, 0], jnp.int32)
-    assert int(ngram.match_extent(row, jnp.int32(9), jnp.int32(4), 16)) == 4
-    assert int(ngram.match_extent(row, jnp.int32(9), jnp.int32(4), 3)) == 3
+    # "1 2 3 4 9 7 3 4 8 | 1 2 3 4": "2 3 4" matched at slot 1 (continues at 4, extends over
+    # 4 tokens), "3 4" at slot 6 (continues at 8)
+    row = jnp.array([1, 2, 3, 4, 9, 7, 3, 4, 8, 1, 2, 3, 4, 0, 0, 0], jnp.int32)
+    n = jnp.int32(13)
+    np.testing.assert_array_equal(np.asarray(ngram.match_starts(row, n, 2, 3, 2)), [4, 8])
+    assert int(ngram.match_extent(row, n, jnp.int32(4), 16)) == 4
+    assert int(ngram.match_extent(row, n, jnp.int32(4), 3)) == 3
     ctx = lambda: None  # noqa: E731
-    ctx.tokens, ctx.seq_lens = row[None], jnp.array([9], jnp.int32)
-    for long_match, depth in ((4, 4), (5, 2)):
-        d = jaxspec.NGramDrafter(gamma=4, short_gamma=2, long_match=long_match)
-        assert d.capabilities.verify_widths == (2, 4)
+    ctx.tokens, ctx.seq_lens = row[None], n[None]
+    for long_match in (4, 5):
+        d = jaxspec.NGramDrafter(gamma=6, short_gamma=2, branches=2, long_match=long_match)
+        assert d.n_nodes == 6 and d.capabilities.verify_widths == (2, 4, 6)
         _, prop = d.propose(None, None, ctx)
-        assert np.asarray(prop.valid[0]).sum() == depth
-        np.testing.assert_array_equal(np.asarray(prop.tokens[0])[:depth], [9, 1, 2, 3][:depth])
+        tokens, parents, valid = (np.asarray(x[0]) for x in (prop.tokens, prop.parents, prop.valid))
+        if long_match == 4:  # copying: one chain of 6
+            np.testing.assert_array_equal(tokens, [9, 7, 3, 4, 8, 1])
+            np.testing.assert_array_equal(parents, [-1, 0, 1, 2, 3, 4])
+            assert valid.all()
+        else:  # two branches of 2, then invalid slots
+            want = ngram.merge_branches(jnp.array([[9, 7], [8, 1]], jnp.int32), jnp.array([True, True]))
+            for got, w in zip((tokens, parents, valid), want):
+                np.testing.assert_array_equal(got[:4], np.asarray(w))
+            assert not valid[4:].any()
+    assert jaxspec.NGramDrafter(gamma=16, short_gamma=4, branches=2).n_nodes == 16
+    assert jaxspec.NGramDrafter(gamma=4, short_gamma=3, branches=2).n_nodes == 6
 
 
 def test_tree_larger_than_max_len_is_refused_before_compile(tiny):

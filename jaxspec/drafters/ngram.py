@@ -28,7 +28,14 @@ written down:
   16-31 (copying). So a match that extends over ``long_match`` tokens drafts ``gamma``, any
   other ``short_gamma``, and the engine verifies windows of either size: long drafts where
   the text is being copied (code edits, extraction), short and cheap ones elsewhere
-  (``benchmarks/ngram_replay.py`` replays the policies over recorded outputs).
+  (``benchmarks/ngram_replay.py`` replays the policies over recorded outputs);
+- a tree with adaptive depth drafts ``branches`` short branches when no match is copying,
+  but only the copying match, as one chain of ``gamma``, when one is: the other matches'
+  branches would add ``(branches - 1) * gamma`` nodes to every verify while the text is
+  copied (a 33-token verify instead of 17 for 2 x 16; on SmolLM2 a 33-token pass costs 1.2x
+  a 17-token one, ``benchmarks/results/pass_cost_cpu_2026-12-01.json``) for drafts that
+  the copied one almost always beats. The node budget is then ``max(gamma, branches *
+  short_gamma)``.
 
 Deterministic: ``q`` is ``None`` (acceptance treats every node as a one-hot proposal, which
 is exact for distinct siblings: ``jaxspec.acceptance``).
@@ -89,18 +96,16 @@ def match_extent(row: jax.Array, n: jax.Array, start: jax.Array, limit: int) -> 
     return jnp.sum(jnp.cumprod(ok.astype(jnp.int32)))
 
 
-def merge_branches(branches: jax.Array, found: jax.Array, depth: jax.Array | None = None):
+def merge_branches(branches: jax.Array, found: jax.Array):
     """Merge ``k`` branches of ``gamma`` tokens from the root into a trie.
 
     Args:
       branches: int32 ``[k, gamma]``; found: bool ``[k]``, which branches exist.
-      depth: int32 scalar in ``[1, gamma]``, the branches' length (None: gamma).
 
     Returns:
-      ``(tokens [k * gamma], parents [k * gamma], valid [k * gamma])``, node ``b * depth + l``
-      being depth l + 1 of branch b (the first ``k * depth`` slots; the cut-off tails follow,
-      invalid); a node whose path equals an earlier branch's is invalid and its children hang
-      off that branch's node instead (parents stay earlier nodes).
+      ``(tokens [k * gamma], parents [k * gamma], valid [k * gamma])``, node ``b * gamma + l``
+      being depth l + 1 of branch b; a node whose path equals an earlier branch's is invalid
+      and its children hang off that branch's node instead (parents stay earlier nodes).
     """
     k, gamma = branches.shape
     same = jnp.cumprod(branches[:, None, :] == branches[None, :, :], axis=2).astype(bool)  # [k, k, gamma]
@@ -114,16 +119,7 @@ def merge_branches(branches: jax.Array, found: jax.Array, depth: jax.Array | Non
     parent_owner = jnp.concatenate([owner[:, :1], owner[:, :-1]], axis=1)
     parents = jnp.where(level == 0, -1, parent_owner * gamma + level - 1).reshape(-1)
     valid = (found[:, None] & ~is_dup).reshape(-1)
-    tokens = branches.reshape(-1)
-    if depth is None:
-        return tokens, parents.astype(jnp.int32), valid
-    # pack: slot (b, l) moves to b * depth + l when l < depth, the cut-off tails after them
-    b, l = jnp.arange(k)[:, None], level
-    slot = jnp.where(l < depth, b * depth + l, k * depth + b * (gamma - depth) + l - depth).reshape(-1)
-    parents = jnp.where(parents >= 0, slot[jnp.maximum(parents, 0)], -1)
-    valid &= jnp.broadcast_to(l < depth, (k, gamma)).reshape(-1)
-    put = lambda x: jnp.zeros_like(x).at[slot].set(x)  # noqa: E731
-    return put(tokens), put(parents).astype(jnp.int32), put(valid)
+    return branches.reshape(-1), parents.astype(jnp.int32), valid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +131,12 @@ class NGramDrafter(Stateless):
       max_n: longest n-gram matched (>= min_n).
       min_n: shortest n-gram matched (>= 1).
       branches: matches drafted as branches of one tree (1 = a chain), in [1, 16]; the node
-        budget is ``branches * gamma``.
-      short_gamma: adaptive depth (0: off, every match drafts ``gamma``): a match that
-        extends over fewer than ``long_match`` tokens (``match_extent``) drafts
-        ``short_gamma`` tokens per branch, in [1, gamma); the depth follows the best match.
+        budget is ``branches * gamma`` (``max(gamma, branches * short_gamma)`` with adaptive
+        depth).
+      short_gamma: adaptive depth (0: off, every match drafts ``gamma``): when the best match
+        extends over fewer than ``long_match`` tokens (``match_extent``) each branch drafts
+        ``short_gamma`` tokens, in [1, gamma); otherwise the best match alone drafts
+        ``gamma`` (a chain).
       long_match: the extent, in tokens, from which a match counts as copying and drafts
         ``gamma`` (in [2, 256]; read only with ``short_gamma``).
 
@@ -168,24 +166,32 @@ class NGramDrafter(Stateless):
 
     @property
     def n_nodes(self) -> int:
-        """N = branches * gamma."""
+        """N = branches * gamma; with adaptive depth ``max(gamma, branches * short_gamma)``."""
+        if self.short_gamma:
+            return max(self.gamma, self.branches * self.short_gamma)
         return self.branches * self.gamma
 
     @property
     def capabilities(self) -> Capabilities:
-        """Abstains; proposals fill the first ``branches x depth`` slots (depth gamma, or
-        short_gamma with adaptive depth), one best match alone the first ``depth``."""
-        depths = (self.gamma, self.short_gamma) if self.short_gamma else (self.gamma,)
-        return Capabilities(abstains=True, verify_widths=tuple(sorted({d * m for d in depths
-                                                                       for m in (1, self.branches)})))
+        """Abstains; proposals fill the first ``branches x gamma`` slots, one best match alone
+        the first ``gamma``; with adaptive depth the first ``branches x short_gamma`` (one
+        match: ``short_gamma``) or, copying, ``gamma``."""
+        if self.short_gamma:
+            widths = {self.short_gamma, self.branches * self.short_gamma, self.gamma}
+        else:
+            widths = {self.gamma, self.branches * self.gamma}
+        return Capabilities(abstains=True, verify_widths=tuple(sorted(widths)))
 
     def _draft_row(self, row, n):
         starts = match_starts(row, n, self.branches, self.max_n, self.min_n)
         conts = jax.vmap(lambda st: continuation(row, n, st, self.gamma))(starts)
         if not self.short_gamma:
             return merge_branches(conts, starts >= 0)
+        pad = lambda x, fill: jnp.pad(x, (0, self.n_nodes - x.shape[0]), constant_values=fill)  # noqa: E731
+        tree = merge_branches(conts[:, : self.short_gamma], starts >= 0)
+        chain = (conts[0], jnp.arange(self.gamma, dtype=jnp.int32) - 1, jnp.full((self.gamma,), starts[0] >= 0))
         copying = match_extent(row, n, starts[0], self.long_match) >= self.long_match
-        return merge_branches(conts, starts >= 0, jnp.where(copying, self.gamma, self.short_gamma))
+        return tuple(jnp.where(copying, pad(c, f), pad(t, f)) for c, t, f in zip(chain, tree, (0, -1, False)))
 
     def propose(self, params, state, context):
         tokens, parents, valid = jax.vmap(self._draft_row)(context.tokens, context.seq_lens)
