@@ -69,7 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
     g.add_argument("--short-gamma", type=int, default=0, metavar="G",
                    help="ngram, adaptive depth: draft G tokens from a match that extends over fewer than "
-                        "--long-match tokens, --gamma from a longer one (copying); 0 = off (default)")
+                        "--long-match tokens, --gamma from a longer one (copying; a tree then drafts that match alone); "
+                        "0 = off (default)")
     g.add_argument("--long-match", type=int, default=16, metavar="L",
                    help="ngram with --short-gamma: the match extent (tokens) that counts as copying (default: 16)")
     la = g.add_argument_group("lookahead decoding (--drafter lookahead; Fu et al. 2024): a step verifies "

@@ -32,9 +32,10 @@ written down:
 - a tree with adaptive depth drafts ``branches`` short branches when no match is copying,
   but only the copying match, as one chain of ``gamma``, when one is: the other matches'
   branches would add ``(branches - 1) * gamma`` nodes to every verify while the text is
-  copied (a 33-token verify instead of 17 for 2 x 16; on SmolLM2 a 33-token pass costs 1.2x
-  a 17-token one, ``benchmarks/results/pass_cost_cpu_2026-12-01.json``) for drafts that
-  the copied one almost always beats. The node budget is then ``max(gamma, branches *
+  copied (a 33-token verify instead of 17 for 2 x 16; on SmolLM2 on CPU a 33-token pass
+  costs 1.4x a 17-token one after 200 committed tokens and 1.2x after 830,
+  ``benchmarks/results/pass_cost_cpu_2026-12-01.json``, ``..._2026-12-04_1024slots.json``)
+  for drafts that the copied one almost always beats. The node budget is then ``max(gamma, branches *
   short_gamma)``.
 
 Deterministic: ``q`` is ``None`` (acceptance treats every node as a one-hot proposal, which
