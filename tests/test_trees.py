@@ -232,6 +232,12 @@ def test_ngram_adaptive_tree_drafts_the_copying_match_alone():
             for got, w in zip((tokens, parents, valid), want):
                 np.testing.assert_array_equal(got[:4], np.asarray(w))
             assert not valid[4:].any()
+    for long_match, depth in ((4, 6), (5, 2)):  # a chain (branches=1): the depth alone adapts
+        d = jaxspec.NGramDrafter(gamma=6, short_gamma=2, long_match=long_match)
+        assert d.n_nodes == 6 and d.capabilities.verify_widths == (2, 6)
+        _, prop = d.propose(None, None, ctx)
+        assert np.asarray(prop.valid[0]).sum() == depth
+        np.testing.assert_array_equal(np.asarray(prop.tokens[0])[:depth], [9, 7, 3, 4, 8, 1][:depth])
     assert jaxspec.NGramDrafter(gamma=16, short_gamma=4, branches=2).n_nodes == 16
     assert jaxspec.NGramDrafter(gamma=4, short_gamma=3, branches=2).n_nodes == 6
 
