@@ -4,14 +4,16 @@ Greedy speculative decoding emits exactly the target's greedy text, so how many 
 prompt-lookup policy gets accepted at each step is a function of that text alone. This
 script records the target's greedy answers to Spec-Bench questions once (``--record``,
 jaxspec plain decoding), then replays ``jaxspec.drafters.NGramDrafter``'s lookup over them
-in plain Python for any (gamma, short_gamma, long_match, branches): matches ranked by n-gram
+in plain Python for any (gamma, short_gamma, long_match, branches, branch_min_n): matches ranked by n-gram
 length then recency, continuations cycled with the match's period, the best match's extent
 choosing the depth, branches merged into a trie, the verify width the engine would pick
 (``Capabilities.verify_widths``). Each step's cost is a measured target pass of that width
 (``benchmarks/bench_pass_cost.py``'s JSON, interpolated) plus ``--step-overhead-ms``; plain
-decoding costs one 1-token pass a token. It prints, per policy, the estimated speedup
+decoding costs one 1-token pass a token (``--loop-overhead-ms`` adds the loop's own work to
+every step of both). It prints, per policy, the estimated speedup
 (median over prompts, min over category medians, the code rewrite) and tau, and a table of
-how many tokens the best match gets accepted by its extent.
+how many tokens the best match gets accepted by its extent, and what a second branch adds by its
+match's n-gram size.
 
 It is a model, not a measurement: it ignores the drafting cost and the longer attention of
 long prompts, so it ranks policies (on questions apart from the evaluation subset) and
@@ -34,11 +36,12 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 PASS_COST = os.path.join(HERE, "results", "pass_cost_cpu_2026-12-01.json")
 POLICIES = ("g4", "g8", "g4_b2", "g16_s4", "g16_s3", "g16_s5", "g16_s4_m8", "g16_s4_m12", "g16_s4_m24", "g8_s4",
-            "g24_s4", "g32_s4", "g16_s4_b2", "g16_s2_b2")
+            "g24_s4", "g32_s4", "g16_s4_b2_n2", "g16_s4_b2", "g16_s3_b2", "g16_s2_b2")
 
 
-def lookup(ctx: list[int], k: int, max_n: int = 3, min_n: int = 2) -> list[int]:
-    """Continuation starts of the k best earlier matches of ctx's tail (``ngram.match_starts``)."""
+def lookup(ctx: list[int], k: int, max_n: int = 3, min_n: int = 2, sizes: bool = False) -> list:
+    """Continuation starts of the k best earlier matches of ctx's tail (``ngram.match_starts``);
+    with ``sizes``, (start, n-gram size) pairs."""
     n, best = len(ctx), {}
     for size in range(min_n, max_n + 1):
         if size >= n:
@@ -47,7 +50,8 @@ def lookup(ctx: list[int], k: int, max_n: int = 3, min_n: int = 2) -> list[int]:
         for j in range(n - size):
             if ctx[j : j + size] == pattern:
                 best[j + size] = max(best.get(j + size, 0), size)
-    return sorted(best, key=lambda c: (best[c], c), reverse=True)[:k]
+    top = sorted(best, key=lambda c: (best[c], c), reverse=True)[:k]
+    return [(c, best[c]) for c in top] if sizes else top
 
 
 def extent(ctx: list[int], start: int, limit: int) -> int:
@@ -64,9 +68,10 @@ def continuation(ctx: list[int], start: int, gamma: int) -> list[int]:
 
 
 def parse_policy(name: str) -> dict:
-    """``g16_s4_m16_b2`` -> gamma 16, short_gamma 4, long_match 16, branches 2."""
-    keys = {"g": "gamma", "s": "short_gamma", "m": "long_match", "b": "branches"}
-    p = {"gamma": 4, "short_gamma": 0, "long_match": 16, "branches": 1}
+    """``g16_s4_m16_b2_n3`` -> gamma 16, short_gamma 4, long_match 16, branches 2, branch_min_n 3
+    (the drafter's default: max_n = 3; ``_n2``: every match drafts a branch)."""
+    keys = {"g": "gamma", "s": "short_gamma", "m": "long_match", "b": "branches", "n": "branch_min_n"}
+    p = {"gamma": 4, "short_gamma": 0, "long_match": 16, "branches": 1, "branch_min_n": 3}
     p.update({keys[part[0]]: int(part[1:]) for part in name.split("_")})
     return p
 
@@ -77,7 +82,8 @@ def replay(prompt: list[int], output: list[int], policy: dict, cost, overhead: f
     widths = sorted({s, s * k, g} if s else {g, g * k})
     ctx, p, spent, steps = list(prompt), 0, 0.0, 0
     while p < len(output):
-        starts = lookup(ctx, k)
+        found = lookup(ctx, k, sizes=True)
+        starts = [c for i, (c, size) in enumerate(found) if i == 0 or size >= policy["branch_min_n"]]
         width, accepted = 0, 0
         if starts:
             copying = extent(ctx, starts[0], policy["long_match"]) >= policy["long_match"]
@@ -133,6 +139,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pass-cost", default=PASS_COST, help="bench_pass_cost.py JSON (default: the 2026-12-01 run)")
     ap.add_argument("--step-overhead-ms", type=float, default=2.0,
                     help="added to every drafted step (default 2: brings g4's estimate near its measured speedup)")
+    ap.add_argument("--loop-overhead-ms", type=float, default=0.0,
+                    help="added to every step, plain decoding's included (the loop's own work beyond the pass)")
     args = ap.parse_args(argv)
     if args.record:
         record(args.record, args.per_category, args.skip_first, args.max_new_tokens, args.model)
@@ -146,7 +154,7 @@ def main(argv=None) -> int:
         ms = json.load(f)["results"][recorded["model"]]["ms"]
     xs = np.array(sorted(int(t) for t in ms))
     ys = np.array([ms[str(t)] for t in xs])
-    cost = lambda t: float(np.interp(t, xs, ys))  # noqa: E731
+    cost = lambda t: float(np.interp(t, xs, ys)) + args.loop_overhead_ms  # noqa: E731
 
     print(f"{len(answers)} answers; estimated speedup over plain (median over prompts / min over category medians / "
           f"code rewrite) and tau")
@@ -180,7 +188,42 @@ def main(argv=None) -> int:
         if len(sel):
             print(f"  extent {lo:2d}-{hi:2d}: {len(sel):4d} steps, mean {sel.mean():5.2f}, "
                   f"P(>=1) {np.mean(sel >= 1):.2f}, P(>=4) {np.mean(sel >= 4):.2f}, P(>=16) {np.mean(sel >= 16):.2f}")
+    second_branch_gain(answers)
     return 0
+
+
+def accepted_length(draft: list[int], output: list[int], p: int) -> int:
+    m = 0
+    while m < len(draft) and p + m < len(output) and draft[m] == output[p + m]:
+        m += 1
+    return m
+
+
+def second_branch_gain(answers, short_gamma: int = 4, long_match: int = 16) -> None:
+    """What chose ``branch_min_n``: along g16_s4's path, at each step where the best match is not
+    copying, how many more tokens a second branch of ``short_gamma`` (the second-best match)
+    gets accepted than the best match's alone, by the second match's n-gram size."""
+    gain = {}
+    for a in answers:
+        out, p = a["output"], 0
+        while p < len(out):
+            ctx = a["prompt"] + out[:p]
+            found = lookup(ctx, 2, sizes=True)
+            if not found:
+                p += 1
+                continue
+            copying = extent(ctx, found[0][0], long_match) >= long_match
+            first = continuation(ctx, found[0][0], 16 if copying else short_gamma)
+            m = accepted_length(first, out, p)
+            if not copying and len(found) > 1:
+                second = continuation(ctx, found[1][0], short_gamma)
+                extra = accepted_length(second, out, p) if second != first else 0
+                gain.setdefault(found[1][1], []).append(max(m, extra) - m)
+            p += m + 1
+    print(f"\na second branch of {short_gamma} where the best match is not copying: mean tokens it adds to the "
+          f"accepted length, by the second match's n-gram size")
+    for size in sorted(gain):
+        print(f"  {size}-gram: {len(gain[size]):4d} steps, {np.mean(gain[size]):.2f} tokens")
 
 
 if __name__ == "__main__":

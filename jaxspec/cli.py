@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
     g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
     g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
+    g.add_argument("--ngram-branch-min", type=int, default=None, metavar="N",
+                   help="ngram tree: the shortest n-gram with which a match other than the best drafts a branch "
+                        "(default: --ngram-max)")
     g.add_argument("--short-gamma", type=int, default=0, metavar="G",
                    help="ngram, adaptive depth: draft G tokens from a match that extends over fewer than "
                         "--long-match tokens, --gamma from a longer one (copying; a tree then drafts that match alone); "
@@ -246,7 +249,7 @@ def _make_drafter(args, model, load):
         branches = max(1, args.tree_nodes // args.gamma)
         return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min,
                                     branches=branches, short_gamma=args.short_gamma,
-                                    long_match=args.long_match), None
+                                    long_match=args.long_match, branch_min_n=args.ngram_branch_min), None
     tree = dict(tree_nodes=args.tree_nodes, branching=args.branching)
     if args.drafter != "medusa" and args.draft_confidence is not None:  # None: the drafter's default
         tree["confidence"] = args.draft_confidence

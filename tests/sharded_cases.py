@@ -111,7 +111,7 @@ def drafter(kind, draft_params):
     return {"plain": (None, None), "ngram": (jaxspec.NGramDrafter(gamma=3, min_n=1), None),
             "early_exit": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3), None),
             "model": (jaxspec.ModelDrafter(TARGET, gamma=3, confidence=0.0), draft_params),
-            "ngram_tree": (jaxspec.NGramDrafter(gamma=2, min_n=1, branches=3), None),
+            "ngram_tree": (jaxspec.NGramDrafter(gamma=2, min_n=1, branches=3, branch_min_n=1), None),
             "early_exit_tree": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3, tree_nodes=6, branching=2), None),
             "model_tree": (jaxspec.ModelDrafter(TARGET, gamma=3, tree_nodes=8, branching=3), draft_params),
             "lookahead": (jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2, pool_size=32), None)}[kind]

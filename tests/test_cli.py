@@ -103,6 +103,8 @@ def test_tree_drafter_flags(capsys):
         assert json.loads(out.splitlines()[0])["compare"]["identical"] is True
     for flags, message in ((["--tree-nodes", "10", "--gamma", "4"], "multiple of --gamma"),
                            (["--tree-nodes", "-1"], "--tree-nodes must be >= 0"),
+                           (["--drafter", "ngram", "--tree-nodes", "8", "--gamma", "4", "--ngram-branch-min", "4"],
+                            r"branch_min_n must be an integer in \[2, 3\]"),
                            (["--draft-confidence", "0.3"], "--draft-confidence applies to --drafter model, "
                                                            "early-exit or eagle, not ngram")):
         with pytest.raises(SystemExit, match=message):

@@ -309,7 +309,7 @@ def _drafter(kind: str, gamma: int, models):
         return d, d.select_params(models["target"], None)
     # Trees (N + 1 <= MAX_LEN - len(PROMPT) - N_NEW = 8 window entries).
     if kind == "ngram_tree":  # up to 3 matches x gamma, merged into a trie
-        return jaxspec.NGramDrafter(gamma=gamma, max_n=2, min_n=1, branches=3), None
+        return jaxspec.NGramDrafter(gamma=gamma, max_n=2, min_n=1, branches=3, branch_min_n=1), None
     if kind == "model_tree":  # EAGLE-2 top-k tree of the draft model, deterministic (no q)
         return jaxspec.ModelDrafter(DRAFT, gamma=gamma, tree_nodes=5, branching=2), models["draft"]
     if kind == "early_exit_tree":

@@ -105,7 +105,7 @@ def test_frequencies_match_the_rates(tiny):
 def test_tree_drafter_with_abstentions_verifies_the_full_window(tiny):
     """An n-gram tree (2 branches x gamma 2) abstains where nothing matches; under synthetic
     acceptance every node still counts (4 per step) and rates 1 accept the first branch's 2."""
-    out = _run(tiny, (1.0, 1.0), drafter=jaxspec.NGramDrafter(gamma=2, branches=2, min_n=1))
+    out = _run(tiny, (1.0, 1.0), drafter=jaxspec.NGramDrafter(gamma=2, branches=2, min_n=1, branch_min_n=1))
     steps = out.metrics.verify_steps
     assert (out.metrics.drafted == 4 * steps).all() and (out.metrics.accepted == 2 * steps).all()
 

@@ -118,9 +118,9 @@ def tree_drafter(tiny, kind: str, batch: int):
     """``(drafter, drafter_params)`` in tree mode."""
     cfg = tiny.cfg
     if kind == "ngram_tree":
-        return jaxspec.NGramDrafter(gamma=3, branches=3, min_n=1), None
+        return jaxspec.NGramDrafter(gamma=3, branches=3, min_n=1, branch_min_n=1), None
     if kind == "ngram_adaptive":  # the tiny target loops: matches extending over 3 tokens are common
-        return jaxspec.NGramDrafter(gamma=5, branches=2, min_n=1, short_gamma=2, long_match=3), None
+        return jaxspec.NGramDrafter(gamma=5, branches=2, min_n=1, short_gamma=2, long_match=3, branch_min_n=1), None
     if kind == "model_tree":
         return jaxspec.ModelDrafter(cfg, gamma=3, tree_nodes=8, branching=3), tiny.noisy_params
     if kind == "self_tree":
@@ -192,6 +192,8 @@ def test_new_topology_per_call_and_row_reuses_the_program(tiny):
      r"short_gamma must be an integer in \[1, 3\] \(below gamma; 0: off\), got 4"),
     (lambda cfg: jaxspec.NGramDrafter(gamma=4, short_gamma=2, long_match=1),
      r"long_match must be an integer in \[2, 256\], got 1"),
+    (lambda cfg: jaxspec.NGramDrafter(gamma=4, branches=2, max_n=3, branch_min_n=4),
+     r"branch_min_n must be an integer in \[2, 3\] \(the n-gram sizes matched\), got 4"),
     (lambda cfg: jaxspec.ModelDrafter(cfg, gamma=2, tree_nodes=7, branching=2),
      r"tree_nodes must be an integer in \[1, 6\] \(0 = chain; a tree of depth gamma=2 with branching=2 grows 6"),
     (lambda cfg: jaxspec.ModelDrafter(cfg, gamma=2, tree_nodes=-1), r"tree_nodes must be an integer in \[1, "),
@@ -213,13 +215,15 @@ def test_ngram_adaptive_tree_drafts_the_copying_match_alone():
     # 4 tokens), "3 4" at slot 6 (continues at 8)
     row = jnp.array([1, 2, 3, 4, 9, 7, 3, 4, 8, 1, 2, 3, 4, 0, 0, 0], jnp.int32)
     n = jnp.int32(13)
-    np.testing.assert_array_equal(np.asarray(ngram.match_starts(row, n, 2, 3, 2)), [4, 8])
+    starts, sizes = ngram.match_starts(row, n, 2, 3, 2)
+    np.testing.assert_array_equal(np.asarray(starts), [4, 8])
+    np.testing.assert_array_equal(np.asarray(sizes), [3, 2])
     assert int(ngram.match_extent(row, n, jnp.int32(4), 16)) == 4
     assert int(ngram.match_extent(row, n, jnp.int32(4), 3)) == 3
     ctx = lambda: None  # noqa: E731
     ctx.tokens, ctx.seq_lens = row[None], n[None]
     for long_match in (4, 5):
-        d = jaxspec.NGramDrafter(gamma=6, short_gamma=2, branches=2, long_match=long_match)
+        d = jaxspec.NGramDrafter(gamma=6, short_gamma=2, branches=2, long_match=long_match, branch_min_n=2)
         assert d.n_nodes == 6 and d.capabilities.verify_widths == (2, 4, 6)
         _, prop = d.propose(None, None, ctx)
         tokens, parents, valid = (np.asarray(x[0]) for x in (prop.tokens, prop.parents, prop.valid))
@@ -232,6 +236,10 @@ def test_ngram_adaptive_tree_drafts_the_copying_match_alone():
             for got, w in zip((tokens, parents, valid), want):
                 np.testing.assert_array_equal(got[:4], np.asarray(w))
             assert not valid[4:].any()
+    # by default (branch_min_n = max_n = 3) the 2-gram match drafts no branch: the best one alone
+    _, prop = jaxspec.NGramDrafter(gamma=6, short_gamma=2, branches=2, long_match=5).propose(None, None, ctx)
+    np.testing.assert_array_equal(np.asarray(prop.valid[0]), [True, True, False, False, False, False])
+    np.testing.assert_array_equal(np.asarray(prop.tokens[0])[:2], [9, 7])
     for long_match, depth in ((4, 6), (5, 2)):  # a chain (branches=1): the depth alone adapts
         d = jaxspec.NGramDrafter(gamma=6, short_gamma=2, long_match=long_match)
         assert d.n_nodes == 6 and d.capabilities.verify_widths == (2, 6)

@@ -36,7 +36,14 @@ written down:
   costs 1.4x a 17-token one after 200 committed tokens and 1.2x after 830,
   ``benchmarks/results/pass_cost_cpu_2026-12-01.json``, ``..._2026-12-04_1024slots.json``)
   for drafts that the copied one almost always beats. The node budget is then ``max(gamma, branches *
-  short_gamma)``.
+  short_gamma)``;
+- a match other than the best drafts a branch only when its n-gram is at least
+  ``branch_min_n`` long (default ``max_n``): on the same 39 answers, following the chain's
+  path, a second branch of 4 from a 2-gram match raised the accepted length of a step by
+  0.25 tokens on average (213 steps), from a 3-gram match by 0.46 (101 steps), while its 4
+  nodes cost about 0.3 tokens' worth (a 9-token pass costs 1.2x a 5-token one on CPU, at
+  about 1.45 tokens a step); ``benchmarks/ngram_replay.py`` estimates 1-2% over branching
+  from every match. Matches are ranked by size, so the branches kept are the first ones.
 
 Deterministic: ``q`` is ``None`` (acceptance treats every node as a one-hot proposal, which
 is exact for distinct siblings: ``jaxspec.acceptance``).
@@ -56,14 +63,15 @@ MAX_NGRAM = 16  # the lookup unrolls over n-gram sizes: compile time grows ~quad
 MAX_BRANCHES = 16
 
 
-def match_starts(row: jax.Array, n: jax.Array, k: int, max_n: int, min_n: int) -> jax.Array:
+def match_starts(row: jax.Array, n: jax.Array, k: int, max_n: int, min_n: int) -> tuple[jax.Array, jax.Array]:
     """The first continuation slots of the ``k`` best earlier matches of one sequence's tail.
 
     Args:
       row: int32 ``[S]`` tokens, valid before ``n``; n: int32 scalar, valid tokens (>= 1).
 
     Returns:
-      int32 ``[k]``, best first (longest n-gram, then most recent); -1 where fewer matched.
+      ``(starts, sizes)``, int32 ``[k]`` each, best first (longest n-gram, then most recent):
+      the slots, -1 where fewer matched, and the matched n-gram sizes, 0 there.
     """
     s = row.shape[0]
     best = jnp.zeros((s,), jnp.int32)  # best[c]: longest n-gram whose match continues at slot c
@@ -78,7 +86,7 @@ def match_starts(row: jax.Array, n: jax.Array, k: int, max_n: int, min_n: int) -
         best = best.at[j + size].max(jnp.where(match, size, 0), mode="drop")
     score = jnp.where(best > 0, best * s + jnp.arange(s), -1)
     top, starts = jax.lax.top_k(score, k)
-    return jnp.where(top >= 0, starts, -1).astype(jnp.int32)
+    return jnp.where(top >= 0, starts, -1).astype(jnp.int32), jnp.where(top >= 0, top // s, 0).astype(jnp.int32)
 
 
 def continuation(row: jax.Array, n: jax.Array, start: jax.Array, gamma: int) -> jax.Array:
@@ -140,10 +148,12 @@ class NGramDrafter(Stateless):
         ``gamma`` (a chain).
       long_match: the extent, in tokens, from which a match counts as copying and drafts
         ``gamma`` (in [2, 256]; read only with ``short_gamma``).
+      branch_min_n: the shortest n-gram with which a match other than the best drafts a
+        branch, in [min_n, max_n]; None (default): ``max_n``.
 
     Raises:
-      ValueError: at construction, for gamma < 1, n-gram sizes, branches, short_gamma or
-        long_match out of range.
+      ValueError: at construction, for gamma < 1, n-gram sizes, branches, short_gamma,
+        long_match or branch_min_n out of range.
     """
 
     gamma: int = 4
@@ -152,6 +162,7 @@ class NGramDrafter(Stateless):
     branches: int = 1
     short_gamma: int = 0
     long_match: int = 16
+    branch_min_n: int | None = None
 
     def __post_init__(self):
         check_gamma(self.gamma)
@@ -164,6 +175,8 @@ class NGramDrafter(Stateless):
         if self.short_gamma:
             check_int("short_gamma", self.short_gamma, 1, self.gamma - 1, " (below gamma; 0: off)")
         check_int("long_match", self.long_match, 2, 256)
+        if self.branch_min_n is not None:
+            check_int("branch_min_n", self.branch_min_n, self.min_n, self.max_n, " (the n-gram sizes matched)")
 
     @property
     def n_nodes(self) -> int:
@@ -184,12 +197,14 @@ class NGramDrafter(Stateless):
         return Capabilities(abstains=True, verify_widths=tuple(sorted(widths)))
 
     def _draft_row(self, row, n):
-        starts = match_starts(row, n, self.branches, self.max_n, self.min_n)
+        starts, sizes = match_starts(row, n, self.branches, self.max_n, self.min_n)
         conts = jax.vmap(lambda st: continuation(row, n, st, self.gamma))(starts)
+        min_n = self.max_n if self.branch_min_n is None else self.branch_min_n
+        found = (starts >= 0) & ((jnp.arange(self.branches) == 0) | (sizes >= min_n))  # a prefix: ranked by size
         if not self.short_gamma:
-            return merge_branches(conts, starts >= 0)
+            return merge_branches(conts, found)
         pad = lambda x, fill: jnp.pad(x, (0, self.n_nodes - x.shape[0]), constant_values=fill)  # noqa: E731
-        tree = merge_branches(conts[:, : self.short_gamma], starts >= 0)
+        tree = merge_branches(conts[:, : self.short_gamma], found)
         chain = (conts[0], jnp.arange(self.gamma, dtype=jnp.int32) - 1, jnp.full((self.gamma,), starts[0] >= 0))
         copying = match_extent(row, n, starts[0], self.long_match) >= self.long_match
         return tuple(jnp.where(copying, pad(c, f), pad(t, f)) for c, t, f in zip(chain, tree, (0, -1, False)))
