@@ -6,9 +6,10 @@ commit steps, compiled once into one XLA program with no host round trip per ste
 Per step (``_spec_step``) every row's drafter proposes a tree of N nodes (``jaxspec.tree``; a
 chain of gamma drafts is the special case), the target scores the window
 ``[last token, nodes]`` in ONE forward with the tree's ancestor mask at positions
-``committed length + depth`` (``_verify``), ``jaxspec.acceptance.accept`` keeps the accepted
-path plus one replacement/bonus token, the cache keeps only that path in contiguous slots
-(``KVCache.keep_path``), and each row advances by its own count, cut at the first stop id or
+``committed length + depth`` (``_verify``; the forward reads the cache and keeps the window's
+keys and values apart), ``jaxspec.acceptance.accept`` keeps the accepted path plus one
+replacement/bonus token, only that path's keys and values are written, in contiguous slots
+after the committed text (``KVCache.write``), and each row advances by its own count, cut at the first stop id or
 completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens`` along the path.
 Rows never wait for each other; finished rows idle until every row is done.
 ``drafter=None`` is plain autoregressive decoding through the same loop (an empty tree).
@@ -206,7 +207,7 @@ class _Verified:
     """One verify step's results, along the accepted path (W window entries)."""
 
     accepted: acceptance.Accepted
-    cache: KVCache
+    kv: KVCache  # [B, W, K, h] per layer: the target's keys and values along the path, for slots start ..
     hidden: jax.Array  # [B, W, D]: the target's final hidden states along the path
     captured: tuple  # [B, W, D] per captured layer, along the path
     logprobs: tuple | None  # token_logprobs of the emitted tokens, or None
@@ -227,17 +228,20 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     start = s.seq_lens - 1  # the root's slot: it is not yet in the cache
     positions = start[:, None] + tree.depth
     mask = models.TreeMask(start, tree.ancestors, positions)
-    out = models.forward(target, config, tree.tokens, positions, s.cache, write_at=start, mask=mask, capture=capture)
+    # The cache is only read here: this runs inside the switch over verify widths, and a cache
+    # updated in a branch costs XLA a copy of every layer's buffers each step (jaxlib 0.10;
+    # jax-ml/jax#16661). The accepted path's keys and values are written after it.
+    out = models.forward(target, config, tree.tokens, positions, s.cache, mask=mask, capture=capture, write=False)
     p = processed_probs(out.logits, inputs.sampling, s.history, tree)
     if inputs.synthetic_rates is None:
         acc = acceptance.accept(fold_rows(keys, 1), p, proposal.q, tree)
     else:  # benchmarking only: the same forward and commit, drafts kept at random (NOT lossless)
         acc = synthetic.accept(fold_rows(keys, 1), p, tree, inputs.synthetic_rates)
-    cache = out.cache.keep_path(start, acc.path)
     lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
     pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])) + ((0, 0),) * (x.ndim - 2), mode="edge")  # noqa: E731
     accepted = acceptance.Accepted(acc.n_accepted, pad(acc.path), pad(acc.tokens))
-    return _Verified(accepted, cache, pad(_along(out.hidden, acc.path)),
+    kv = jax.tree.map(lambda x: pad(_along(x, acc.path)), out.cache)
+    return _Verified(accepted, kv, pad(_along(out.hidden, acc.path)),
                      tuple(pad(_along(c, acc.path)) for c in out.captured),
                      None if lp is None else tuple(pad(x) for x in lp),
                      jnp.sum(tree.valid[:, 1:], axis=1, dtype=jnp.int32),
@@ -333,7 +337,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         tokens=tokens,
         seq_lens=seq_lens,
         done=done,
-        cache=v.cache,
+        cache=s.cache.write(v.kv, s.seq_lens - 1),
         drafter_state=drafter_state,
         history=s.history.add(new, slot < n_keep[:, None]),
         tail=tail,

@@ -321,13 +321,16 @@ def test_tree_logprobs_min_new_tokens_and_stop_ids_equal_plain(tiny, kind):
         assert [[i for i, _ in alts] for alts in a] == [[i for i, _ in alts] for alts in b]
 
 
+@pytest.mark.parametrize("write", [True, False])
 @pytest.mark.parametrize("family", ["tiny", "sliding"])
-def test_tree_forward_equals_each_path_run_alone(tiny, family):
+def test_tree_forward_equals_each_path_run_alone(tiny, family, write):
     """Invariant 4's tree twin: one forward over a tree (ancestor mask, positions committed +
-    depth, written after 7 committed tokens) gives every node the logits of an uncached
-    forward over the committed text plus that node's own path; and after ``keep_path`` the
-    cache serves the next token exactly as if only that path had been written. ``sliding``:
-    a 3-token sliding window on every layer, which tree positions must respect."""
+    depth, after 7 committed tokens) gives every node the logits of an uncached forward over
+    the committed text plus that node's own path; and once the path is kept the cache serves
+    the next token exactly as if only that path had been written. ``write``: the tree written
+    into the cache, then ``keep_path``; or (the engine's verify) the cache only read and the
+    path's own keys and values written with ``KVCache.write``. ``sliding``: a 3-token sliding
+    window on every layer, which tree positions must respect."""
     from jaxspec import models
     from jaxspec.cache import KVCache
 
@@ -344,7 +347,7 @@ def test_tree_forward_equals_each_path_run_alone(tiny, family):
     start = jnp.full((1,), 6, jnp.int32)
     positions = start[:, None] + tree.depth
     out = models.forward(params, cfg, tree.tokens, positions, cache, write_at=start,
-                         mask=models.TreeMask(start, tree.ancestors, positions))
+                         mask=models.TreeMask(start, tree.ancestors, positions), write=write)
 
     def path_to(i):  # window entries root .. node i
         path = [i + 1]
@@ -360,10 +363,25 @@ def test_tree_forward_equals_each_path_run_alone(tiny, family):
         np.testing.assert_allclose(np.asarray(out.logits[0, i + 1]), np.asarray(full[0, -1]), atol=2e-5)
     # keep node 4's path (root, 0, 2, 4): the next token at position 10 sees exactly that text
     path = jnp.asarray([path_to(4) + [5, 5, 5]], jnp.int32)[:, :7]
-    kept = out.cache.keep_path(start, path)
+    if write:
+        kept = out.cache.keep_path(start, path)
+    else:
+        assert out.cache.k[0].shape[1] == 7  # the window's own entries; the cache was not written
+        kept = cache.write(jax.tree.map(lambda x: jnp.take_along_axis(x, path[:, :, None, None], axis=1), out.cache),
+                           start)
     nxt = jnp.asarray([[5]], jnp.int32)
     step = models.forward(params, cfg, nxt, jnp.full((1, 1), 10), kept).logits
     seq = np.concatenate([committed[0], window[path_to(4)[1:]], [5]])[None]
     full = models.forward(params, cfg, jnp.asarray(seq), jnp.arange(11)[None],
                           KVCache.zeros(cfg, 1, 11, jnp.float32)).logits
     np.testing.assert_allclose(np.asarray(step[0, 0]), np.asarray(full[0, -1]), atol=2e-5)
+
+
+def test_forward_without_writing_needs_a_tree_mask_over_the_new_tokens(tiny):
+    from jaxspec import models
+    from jaxspec.cache import KVCache
+
+    cache = KVCache.zeros(tiny.cfg, 1, 16, jnp.float32)
+    tokens, positions = jnp.zeros((1, 2), jnp.int32), jnp.arange(2)[None]
+    with pytest.raises(ValueError, match=r"forward\(write=False\) needs a TreeMask over the new tokens"):
+        models.forward(tiny.params, tiny.cfg, tokens, positions, cache, write=False)

@@ -102,14 +102,19 @@ def _visible(positions: jax.Array, n_slots: int, mask: TreeMask | None, window: 
     return visible
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, scale: float = 0.0) -> jax.Array:
-    """Grouped-query attention of new queries over the cache.
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, scale: float = 0.0,
+              extra: tuple[jax.Array, jax.Array, jax.Array] | None = None) -> jax.Array:
+    """Grouped-query attention of new queries over the cache (and, with ``extra``, over keys
+    and values kept apart from it: one softmax over both).
 
     Args:
       q: ``[B, T, H, h]``; k, v: ``[B, S, K, h]`` (cache, new tokens already written).
       visible: bool ``[B, T, S]`` (``_visible``): causal by position for contiguous tokens,
         the ancestors for a tree; stale slots are never visible.
       scale: score scale; 0 means ``h ** -0.5``.
+      extra: ``(k [B, T', K, h], v [B, T', K, h], visible bool [B, T, T'])`` or None: the new
+        tokens' own keys and values when they are not written into the cache
+        (``forward(write=False)``).
 
     Returns:
       ``[B, T, H * h]``.
@@ -117,11 +122,17 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, s
     b, t, n_heads, h = q.shape
     n_kv = k.shape[2]
     q = q.reshape(b, t, n_kv, n_heads // n_kv, h)
-    scores = jnp.einsum("btkgh,bskh->bkgts", q, k, preferred_element_type=jnp.float32)
+    parts = [(k, v, visible)] + ([extra] if extra is not None else [])
+    scores = [jnp.einsum("btkgh,bskh->bkgts", q, pk, preferred_element_type=jnp.float32) for pk, _, _ in parts]
+    scores = jnp.concatenate(scores, axis=-1) if extra is not None else scores[0]
     scores = scores * scale if scale else scores / np.sqrt(h)
-    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
-    weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskh->btkgh", weights, v)
+    seen = jnp.concatenate([pv for _, _, pv in parts], axis=-1) if extra is not None else visible
+    weights = jax.nn.softmax(jnp.where(seen[:, None, None], scores, -jnp.inf), axis=-1).astype(v.dtype)
+    out, at = 0, 0
+    for _, pv_, _ in parts:
+        n = pv_.shape[1]
+        out = out + jnp.einsum("bkgts,bskh->btkgh", weights[..., at : at + n], pv_)
+        at += n
     return out.reshape(b, t, n_heads * h)
 
 
@@ -156,7 +167,11 @@ def self_attention(layer: dict, i: int, y, positions, write_at, k_cache, v_cache
     (``Din`` is D in a decoder block, 2D in an EAGLE-3 layer, ``jaxspec.models.eagle3``): q/k/v
     projections (+ biases, q/k norms), RoPE at ``positions``, the new keys and values written
     at ``write_at``, attention over the visible slots (``visible``: ``{is_sliding: [B, T, S]}``),
-    output projection. Returns ``(out [B, T, D], k_cache, v_cache)``, before any residual add."""
+    output projection. Returns ``(out [B, T, D], k_cache, v_cache)``, before any residual add.
+
+    With ``write_at`` None the new keys and values are not written: the tokens attend to the
+    cache (``visible[s][0]``, ``[B, T, S]``) and to each other (``visible[s][1]``,
+    ``[B, T, T]``), and ``(out, k_new, v_new)`` come back, ``[B, T, K, h]`` each."""
     b, t, _ = y.shape
     hd, eps, off = config.head_dim, config.norm_eps, config.norm_offset
     q, k, v = y @ layer["wq"], y @ layer["wk"], y @ layer["wv"]
@@ -169,9 +184,14 @@ def self_attention(layer: dict, i: int, y, positions, write_at, k_cache, v_cache
         q, k = rms_norm(q, layer["q_norm"], eps, off), rms_norm(k, layer["k_norm"], eps, off)
     freqs = rope.layer_inv_freq(config, i)
     q, k = rope.apply(q, positions, freqs), rope.apply(k, positions, freqs)
+    seen = visible[config.is_sliding(i)]
+    if write_at is None:  # deferred: attend to the cache as it is and to the new entries apart
+        seen, seen_new = seen
+        n = seen.shape[-1]
+        y = attention(q, k_cache[:, :n], v_cache[:, :n], seen, scale=config.attn_scale, extra=(k, v, seen_new))
+        return _all_reduce(y @ layer["wo"], config), k, v
     k_cache = write(k_cache, k, write_at)
     v_cache = write(v_cache, v, write_at)
-    seen = visible[config.is_sliding(i)]
     n = seen.shape[-1]
     y = attention(q, k_cache[:, :n], v_cache[:, :n], seen, scale=config.attn_scale) @ layer["wo"]
     return _all_reduce(y, config), k_cache, v_cache
@@ -188,10 +208,24 @@ def mlp_residual(layer: dict, x, config: ModelConfig):
     return x + y
 
 
-def visibility(positions, n_slots: int, mask, config: ModelConfig) -> dict:
-    """``{is_sliding: bool [B, T, S]}``: the slots each query sees, per kind of layer."""
-    return {s: _visible(positions, n_slots, mask, config.sliding_window if s else 0)
-            for s in {config.is_sliding(i) for i in range(config.n_layers)}}
+def visibility(positions, n_slots: int, mask, config: ModelConfig, write: bool = True) -> dict:
+    """``{is_sliding: bool [B, T, S]}``: the slots each query sees, per kind of layer; with
+    ``write`` False (the new tokens kept apart from the cache, ``mask`` required) the pair
+    ``([B, T, S], [B, T, T])``: the committed slots below ``mask.start``, and the new tokens."""
+    kinds = {config.is_sliding(i) for i in range(config.n_layers)}
+    if write:
+        return {s: _visible(positions, n_slots, mask, config.sliding_window if s else 0) for s in kinds}
+    out = {}
+    for s in kinds:
+        window = config.sliding_window if s else 0
+        slots = jnp.arange(n_slots)[None, None, :]
+        committed = jnp.broadcast_to(slots < mask.start[:, None, None], positions.shape + (n_slots,))
+        new = mask.visible
+        if window:
+            committed &= slots > positions[:, :, None] - window
+            new &= mask.positions[:, None, :] > positions[:, :, None] - window
+        out[s] = (committed, new)
+    return out
 
 
 def _block(layer: dict, i: int, x, positions, write_at, k_cache, v_cache, config: ModelConfig, visible):
@@ -217,7 +251,8 @@ class ForwardOutput:
       hidden: ``[B, T, D]``, the final hidden state (after the final norm).
       captured: tuple of ``[B, T, D]``, the residual stream after each layer in ``capture``
         (layer i's output, Hugging Face's ``hidden_states[i + 1]``), in ``capture``'s order.
-      cache: the updated ``KVCache``.
+      cache: the updated ``KVCache``; with ``write=False`` the new tokens' own keys and values
+        instead, ``[B, T, K, h]`` per layer, for the caller to write (``KVCache.write_path``).
     """
 
     logits: jax.Array | None
@@ -229,7 +264,7 @@ class ForwardOutput:
 def forward(
     params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array, cache: KVCache, *,
     write_at: jax.Array | None = None, mask: TreeMask | None = None, capture: tuple[int, ...] = (),
-    head: bool = True, visible_slots: int | None = None,
+    head: bool = True, visible_slots: int | None = None, write: bool = True,
 ) -> ForwardOutput:
     """Run the decoder over T new tokens, writing their keys and values into the cache: the one
     interface for prefill (T = prompt length), decode (T = 1), chain and tree verification
@@ -251,19 +286,26 @@ def forward(
         prompt position's logits only: ``logits_from_hidden``).
       visible_slots: static bound on the slots any query sees (prefill passes the padded prompt
         length: scores ``T x T`` pairs instead of ``T x S``); None reads the whole cache.
+      write: False leaves the cache as it is (verification inside a conditional, where an
+        updated cache would cost XLA a copy of it per step): the tokens see the committed
+        slots below ``mask.start`` and each other through ``mask.visible`` (which must then be
+        ``[B, T, T]``), and ``ForwardOutput.cache`` holds their own keys and values.
 
     Returns:
       ``ForwardOutput``.
 
     Raises:
-      ValueError: a ``capture`` layer id outside ``[0, n_layers)``.
+      ValueError: a ``capture`` layer id outside ``[0, n_layers)``; ``write=False`` without a
+        ``mask`` over the T new tokens.
     """
     bad = [i for i in capture if not 0 <= i < config.n_layers]
     if bad:
         raise ValueError(f"capture layer {bad[0]} outside [0, {config.n_layers}) for {config.name}")
-    write_at = positions[:, 0] if write_at is None else write_at
+    if not write and (mask is None or mask.visible.shape[-1] != tokens.shape[1]):
+        raise ValueError("forward(write=False) needs a TreeMask over the new tokens (visible [B, T, T])")
+    write_at = None if not write else positions[:, 0] if write_at is None else write_at
     n_slots = cache.max_len if visible_slots is None else visible_slots
-    visible = visibility(positions, n_slots, mask, config)
+    visible = visibility(positions, n_slots, mask, config, write)
     x = embed(params, config, tokens)
     ks, vs, captured = [], [], {}
     for i, layer in enumerate(params["layers"][: config.n_layers]):
