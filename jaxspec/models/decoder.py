@@ -129,9 +129,9 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, s
     seen = jnp.concatenate([pv for _, _, pv in parts], axis=-1) if extra is not None else visible
     weights = jax.nn.softmax(jnp.where(seen[:, None, None], scores, -jnp.inf), axis=-1).astype(v.dtype)
     out, at = 0, 0
-    for _, pv_, _ in parts:
-        n = pv_.shape[1]
-        out = out + jnp.einsum("bkgts,bskh->btkgh", weights[..., at : at + n], pv_)
+    for _, part_v, _ in parts:
+        n = part_v.shape[1]
+        out = out + jnp.einsum("bkgts,bskh->btkgh", weights[..., at : at + n], part_v)
         at += n
     return out.reshape(b, t, n_heads * h)
 
@@ -252,7 +252,7 @@ class ForwardOutput:
       captured: tuple of ``[B, T, D]``, the residual stream after each layer in ``capture``
         (layer i's output, Hugging Face's ``hidden_states[i + 1]``), in ``capture``'s order.
       cache: the updated ``KVCache``; with ``write=False`` the new tokens' own keys and values
-        instead, ``[B, T, K, h]`` per layer, for the caller to write (``KVCache.write_path``).
+        instead, ``[B, T, K, h]`` per layer, for the caller to write (``KVCache.write``).
     """
 
     logits: jax.Array | None
