@@ -52,7 +52,11 @@ repeated and the repeat timed). Methods run interleaved per batch (all methods o
 then all on batch 2, ...; the order rotates from batch to batch) so machine load hits them
 alike. ``--reps k`` times every call k times, in k interleaved rounds of all the methods, and
 keeps the median (the lower middle for an even k: a single call on this 2-core machine moves
-a category by ~10% between runs); every time is recorded (``seconds_reps``). transformers
+a category by ~10% between runs); every time is recorded (``seconds_reps``). Use ``--reps 2``
+or more for drafters with several verify widths (n-gram trees, adaptive depth): the first call
+in a process that takes a rarely used width pays a one-time cost on XLA:CPU (jaxlib 0.10.2;
+e.g. 0.4-1 s on a 4-second SmolLM2 answer), which a single timed call charges to that method.
+transformers
 runs in a process of its own (``HFProcess``: memory), started before jaxspec loads; each call
 waits for the other engine's reply, so the two never run at the same time. The 1-minute load
 average is recorded per batch.
