@@ -128,12 +128,17 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, s
     scores = scores * scale if scale else scores / np.sqrt(h)
     seen = jnp.concatenate([pv for _, _, pv in parts], axis=-1) if extra is not None else visible
     weights = jax.nn.softmax(jnp.where(seen[:, None, None], scores, -jnp.inf), axis=-1).astype(v.dtype)
+    if extra is None:
+        return jnp.einsum("bkgts,bskh->btkgh", weights, v).reshape(b, t, n_heads * h)
+    # the parts' weighted sums add in float32 and round once, as one einsum over both would:
+    # rounding each part (bfloat16) made a token's output depend on where its window starts
     out, at = 0, 0
     for _, part_v, _ in parts:
         n = part_v.shape[1]
-        out = out + jnp.einsum("bkgts,bskh->btkgh", weights[..., at : at + n], part_v)
+        out = out + jnp.einsum("bkgts,bskh->btkgh", weights[..., at : at + n], part_v,
+                               preferred_element_type=jnp.float32)
         at += n
-    return out.reshape(b, t, n_heads * h)
+    return out.astype(v.dtype).reshape(b, t, n_heads * h)
 
 
 def _all_reduce(x: jax.Array, config: ModelConfig) -> jax.Array:
