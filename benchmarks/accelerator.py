@@ -8,9 +8,11 @@ process, in this order per shape:
    only gathers the window's rows; a tied head reads it whole) / the device copy bandwidth
    measured here (a jitted ``x + 1`` over ``--copy-gib`` GiB: 2 bytes moved per byte);
 2. target pass: the jitted ``jaxspec.models.forward`` as the engine's verify step calls it (a
-   chain window's tree mask, tokens written at the committed length, the cache donated and
-   fed back), for T = 1 and gamma + 1 new tokens at batch 1 and 8, ``--slots`` cache slots
-   with ``slots // 2`` committed; median of ``--reps`` calls after 2 warm-ups, each call
+   chain window's tree mask, the cache read and the window's keys and values written at the
+   committed length after it, the cache donated and fed back), for T = 1 and gamma + 1 new
+   tokens at batch 1 and 8, and at batch 1 for the wider windows of trees and lookahead
+   (``--tree-widths``: an n-gram tree of 16 nodes verifies 17 tokens, lookahead W5 N4 G5 31),
+   ``--slots`` cache slots with ``slots // 2`` committed; median of ``--reps`` calls after 2 warm-ups, each call
    ended by ``block_until_ready``;
 3. end to end: ``jaxspec.generate`` at batch 1, plain decoding and ``RepeatDrafter(gamma)``
    with synthetic acceptance at each ``--taus`` (NOT lossless: speed only; one compiled
@@ -51,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import os
 import statistics
 import sys
@@ -60,7 +61,7 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_env import machine_info, versions  # noqa: E402
+from bench_env import machine_info, versions, write_record  # noqa: E402
 
 GOALS = {"pass_vs_floor": 1.15, "verify_vs_decode": 1.05, "plain_vs_hf": 1.5}
 
@@ -140,9 +141,11 @@ def pass_costs(params, config, batches, widths, slots: int, reps: int) -> dict:
     from jaxspec.cache import KVCache
 
     def step(params, cache, tokens, positions, start, visible):
+        # As the engine's verify does it: the cache only read, the window's keys and values
+        # returned apart and then written (engine._verify, LoopState.cache.write).
         mask = models.TreeMask(start, visible, positions)
-        out = models.forward(params, config, tokens, positions, cache, write_at=start, mask=mask)
-        return out.logits, out.cache
+        out = models.forward(params, config, tokens, positions, cache, mask=mask, write=False)
+        return out.logits, cache.write(out.cache, start)
 
     run = jax.jit(step, donate_argnums=(1,))
     med, every = {}, {}
@@ -302,6 +305,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes, few repeats: runs on CPU in well under a minute")
     ap.add_argument("--shapes", default=None, help="comma-separated subset of the shapes (default: all)")
     ap.add_argument("--gamma", type=int, default=4, help="draft tokens per step: verify windows of gamma + 1 (4)")
+    ap.add_argument("--tree-widths", default=None, help="more window widths timed at batch 1: trees and lookahead "
+                                                         "(9,17,31; dry run 9; '' for none)")
     ap.add_argument("--batches", default="1,8", help="batch sizes of the target pass timings (1,8)")
     ap.add_argument("--hf-batches", default="1", help="batch sizes of transformers' decoding (1; each one more "
                                                        "torch.compile on CUDA, ~1 minute for 8B)")
@@ -311,6 +316,8 @@ def main(argv=None) -> int:
                                                        "(32,128; dry run 8,24)")
     ap.add_argument("--reps", type=int, default=None, help="timed repeats (pass: 4x this) (3; dry run 2)")
     ap.add_argument("--copy-gib", type=float, default=None, help="GiB copied to measure bandwidth (2; dry run 0.004)")
+    ap.add_argument("--parts", default="pass,e2e", help="what to time per shape: pass (target passes), e2e "
+                                                      "(generate, plain and synthetic); transformers per --hf")
     ap.add_argument("--hf", choices=("on", "off"), default="on", help="run transformers' static-cache decoding")
     ap.add_argument("--hf-compile", choices=("auto", "off"), default="auto",
                     help="auto: transformers compiles the static-cache decode step where it does by default (CUDA)")
@@ -324,6 +331,10 @@ def main(argv=None) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     hf_batches = [int(b) for b in args.hf_batches.split(",")]
     taus = [float(t) for t in args.taus.split(",")]
+    tree_widths = [int(t) for t in (args.tree_widths if args.tree_widths is not None else "9" if dry else "9,17,31")
+                   .split(",") if t]
+    if any(not 1 <= t <= 256 for t in tree_widths):
+        raise SystemExit(f"error: --tree-widths: each width must be in [1, 256] (the cache's free slots), got {tree_widths}")
     if 1 not in batches or 1 not in hf_batches:
         raise SystemExit("error: --batches and --hf-batches must include 1 (the goals are at batch 1)")
     if slots < 512 or slots % 256:
@@ -383,8 +394,17 @@ def main(argv=None) -> int:
                # not in the floor, for reading it: a pass also reads the whole static cache
                "kv_cache_bytes_per_row": 2 * config.n_layers * slots * config.n_kv_heads * config.head_dim * 2}
         print(f"  floor: {weight_bytes / 1e9:.2f} GB streamed, {rec['floor_ms']:.3f} ms", flush=True)
+        parts = args.parts.split(",")
         rec["pass"] = pass_costs(params, config, batches, (1, args.gamma + 1), slots, reps * 4)
-        rec["e2e"] = end_to_end(params, config, args.gamma, taus, slots, (short, long), reps)
+        if tree_widths:
+            wide = pass_costs(params, config, [1], tree_widths, slots, reps * 4)
+            rec["pass"]["ms"].update(wide["ms"])
+            rec["pass"]["all_ms"].update(wide["all_ms"])
+        t1 = rec["pass"]["ms"]["B1_T1"]
+        rec["pass"]["vs_B1_T1"] = {k: v / t1 for k, v in rec["pass"]["ms"].items()}
+        print("  pass / B1_T1: " + ", ".join(f"{k} {v:.2f}x" for k, v in rec["pass"]["vs_B1_T1"].items()), flush=True)
+        if "e2e" in parts:
+            rec["e2e"] = end_to_end(params, config, args.gamma, taus, slots, (short, long), reps)
         del params
         jaxspec.api._COMPILED.clear()  # the compiled programs of this shape are done with
         jax.clear_caches()
@@ -400,7 +420,8 @@ def main(argv=None) -> int:
         rec["elapsed_s"] = time.perf_counter() - t0
         print(f"  {name} done in {rec['elapsed_s']:.0f} s", flush=True)
         results[name] = rec
-        goal_rows += goals(name, rec, args.gamma)
+        if "e2e" in parts:
+            goal_rows += goals(name, rec, args.gamma)
 
     note = " (dry run on CPU: not meaningful)" if dry else ""
     print(f"goals{note}:")
@@ -417,16 +438,15 @@ def main(argv=None) -> int:
         "command": "PYTHONPATH=. python benchmarks/accelerator.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "started": started.isoformat(), "dry_run": dry,
         "machine": {**machine_info(), "backend": backend, "device_kind": device.device_kind,
-                    "device_count": jax.device_count(), "transformers_device": torch_device},
+                    "device_count": jax.device_count(), "transformers_device": torch_device,
+                    "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")},
         "versions": versions(),
         "settings": {**vars(args), "slots": slots, "new_tokens": [short, long], "reps": reps, "copy_gib": copy_gib,
-                     "batches": batches, "hf_batches": hf_batches, "taus": taus},
+                     "batches": batches, "hf_batches": hf_batches, "taus": taus,
+                     "tree_widths": tree_widths},
         "copy_bandwidth": bw, "shapes": results, "goals": goal_rows, "elapsed_s": time.perf_counter() - t_start,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(record, f, indent=1)
-    print(f"wrote {path} ({record['elapsed_s']:.0f} s)")
+    write_record(record, path)
     return 0
 
 

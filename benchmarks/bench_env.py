@@ -66,6 +66,17 @@ def command(argv=None) -> str:
     return " ".join(shlex.quote(a) for a in [sys.executable] + (sys.argv if argv is None else argv))
 
 
+def write_record(record: dict, path: str) -> None:
+    """Write a benchmark's JSON record (parent folders made) and say where, with its
+    ``elapsed_s``."""
+    import json
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {path} ({record['elapsed_s']:.0f} s)")
+
+
 def median(xs):
     """Median of the values that are neither None nor NaN; None when there are none."""
     xs = [x for x in xs if x is not None and x == x]

@@ -414,6 +414,12 @@ def generate(
     and stop strings are applied inside the verify window exactly as plain decoding applies
     them (``jaxspec.sampling``, ``jaxspec.stopping``).
 
+    "Exactly" holds for the arithmetic too where a verify window computes each token's logits
+    as a 1-token pass does: on CPU it does (the test suite asserts equality in float32 and
+    bfloat16). On a GPU XLA runs other kernels for 1 and for T tokens, which round
+    differently: in bfloat16 on an H200 a near-tie then flips, and greedy output can diverge
+    from plain decoding's (``benchmarks/greedy_exactness.py``; README, "Accelerator benchmark").
+
     Args:
       model: a ``Model`` (from ``load``) or a params pytree (then pass ``config``).
       prompt: a string, a list of strings, token ids ``[T]``, or a batch ``[[ids], ...]`` of

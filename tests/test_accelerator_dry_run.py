@@ -43,7 +43,9 @@ def test_dry_run_json(tmp_path, capsys):
     config = accelerator.shapes(True)["tiny"]
     assert tiny["weight_bytes_streamed"] == _tiny_streamed_bytes(config)
     assert tiny["floor_ms"] == pytest.approx(tiny["weight_bytes_streamed"] / rec["copy_bandwidth"]["bytes_per_s"] * 1e3)
-    assert set(tiny["pass"]["ms"]) == {"B1_T1", "B1_T5", "B8_T1", "B8_T5"}
+    assert set(tiny["pass"]["ms"]) == {"B1_T1", "B1_T5", "B8_T1", "B8_T5", "B1_T9"}  # B1_T9: --tree-widths
+    assert tiny["pass"]["vs_B1_T1"]["B1_T1"] == 1.0
+    assert tiny["pass"]["vs_B1_T1"]["B1_T9"] == pytest.approx(tiny["pass"]["ms"]["B1_T9"] / tiny["pass"]["ms"]["B1_T1"])
     assert all(ms > 0 for ms in tiny["pass"]["ms"].values())
     assert all(len(v) == 8 for v in tiny["pass"]["all_ms"].values())  # 4 x --reps (2 in a dry run)
 

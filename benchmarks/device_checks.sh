@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The checks to run, as ONE call, whenever an accelerator is lent (see the README's
+# "Accelerator benchmark" section): versions, greedy speculative == plain in bfloat16 and
+# float32 (benchmarks/greedy_exactness.py on its 4-layer d-1024 shape; tiny shapes are the CPU
+# suite's), and benchmarks/accelerator.py for each Llama shape.
+# Each part has its own time limit, so one that fails or runs long leaves the others' results.
+# Writes JSON and a log under $OUT (the device tool's output folder; /tmp/device_checks here).
+#
+#   bash benchmarks/device_checks.sh        # from the repository root; ~7 minutes on an H200 (2026-12-04: 409 s)
+set -u
+OUT=${OUT:-/tmp/device_checks}
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  $PY -c "import jax, flax, optax; print('jax', jax.__version__, jax.devices())"
+  echo "== greedy exactness, bfloat16"
+  timeout 140 $PY benchmarks/greedy_exactness.py --shapes small --dtypes bfloat16 --out "$OUT/greedy_exactness_bf16.json"
+  echo "== accelerator.py llama-3.1-8b (rc of the previous part: $?)"
+  timeout 240 $PY benchmarks/accelerator.py --shapes llama-3.1-8b --out "$OUT/accelerator_8b.json"
+  echo "== accelerator.py llama-3.2-1b (rc of the previous part: $?)"
+  timeout 140 $PY benchmarks/accelerator.py --shapes llama-3.2-1b --out "$OUT/accelerator_1b.json"
+  echo "== greedy exactness, float32 (rc of the previous part: $?)"
+  timeout 60 $PY benchmarks/greedy_exactness.py --dtypes float32 --shapes small --seeds 1 \
+    --drafters self_draft,lookahead --out "$OUT/greedy_exactness_f32.json"
+  echo "== done (rc of the previous part: $?)"
+  date -u
+} 2>&1 | tee "$OUT/log.txt"
