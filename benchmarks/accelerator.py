@@ -12,8 +12,10 @@ process, in this order per shape:
    committed length after it, the cache donated and fed back), for T = 1 and gamma + 1 new
    tokens at batch 1 and 8, and at batch 1 for the wider windows of trees and lookahead
    (``--tree-widths``: an n-gram tree of 16 nodes verifies 17 tokens, lookahead W5 N4 G5 31),
-   ``--slots`` cache slots with ``slots // 2`` committed; median of ``--reps`` calls after 2 warm-ups, each call
-   ended by ``block_until_ready``;
+   ``--slots`` cache slots with ``slots // 2`` committed; median of ``--reps`` samples after 2
+   warm-ups, each sample a chain of ``PASS_CHAIN`` passes (each fed the cache the previous one
+   returned) synchronised once, divided by the chain's length, so that host dispatch and
+   synchronisation, which the engine's on-device loop does not pay, are not counted;
 3. end to end: ``jaxspec.generate`` at batch 1, plain decoding and ``RepeatDrafter(gamma)``
    with synthetic acceptance at each ``--taus`` (NOT lossless: speed only; one compiled
    program serves every tau); prompts of ``slots - 256`` random tokens so the cache bucket is
@@ -34,7 +36,7 @@ with donated caches (DESIGN.md).
 
 Budget: sized for ~5 minutes on an H200 (8B in bf16 is 16 GB; jax gets 60% of device memory,
 ``XLA_PYTHON_CLIENT_MEM_FRACTION``, so torch has room for its copy): 3 timed repeats, 128 new
-tokens. Most of the time is compiling (per shape 4 pass programs, 2 generate programs and
+tokens. Most of the time is compiling (per shape 4 + len(--tree-widths) pass programs, 2 generate programs and
 transformers' compile), an estimate never measured here: if it runs long, ``--shapes
 llama-3.1-8b`` or ``--hf-compile off`` cut it. Each phase prints as it ends; the JSON has
 each shape's elapsed seconds. jax's persistent compilation cache is on, so a rerun on the
@@ -53,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import statistics
 import sys
@@ -64,6 +67,8 @@ sys.path.insert(0, HERE)
 from bench_env import machine_info, versions, write_record  # noqa: E402
 
 GOALS = {"pass_vs_floor": 1.15, "verify_vs_decode": 1.05, "plain_vs_hf": 1.5}
+PARTS = ("pass", "e2e")
+PASS_CHAIN = 10  # passes per synchronisation in pass_costs
 
 
 def shapes(dry_run: bool) -> dict:
@@ -131,8 +136,28 @@ def streamed_bytes(params: dict, config) -> int:
     return total if config.tie_embeddings else total - params["embed"].nbytes
 
 
-def pass_costs(params, config, batches, widths, slots: int, reps: int) -> dict:
-    """Median ms of one target pass per (batch, T): ``{"B1_T1": ms, ...}`` and every sample."""
+def hlo_summary(text: str) -> dict:
+    """What kernels an optimized HLO module runs: counts of custom-call targets (cuBLAS
+    GEMMs, ...) and fusion kinds, and every Triton GEMM's tile config (block_m/n/k, split_k),
+    so that two programs (a 1-token and a 2-token pass) can be told apart without a profiler."""
+    import collections
+    import re
+
+    configs = collections.Counter()
+    for m in re.finditer(r'"triton_gemm_config":(\{[^}]*\})', text):
+        try:
+            c = json.loads(m.group(1))
+        except ValueError:
+            continue
+        configs[",".join(f"{k}={c.get(k)}" for k in ("block_m", "block_n", "block_k", "split_k"))] += 1
+    return {"custom_calls": dict(collections.Counter(re.findall(r'custom_call_target="([^"]+)"', text))),
+            "fusion_kinds": dict(collections.Counter(re.findall(r"\bkind=(k[A-Za-z]+)", text))),
+            "triton_gemm_configs": dict(configs)}
+
+
+def pass_costs(params, config, batches, widths, slots: int, reps: int, hlo: bool = False) -> dict:
+    """Median ms of one target pass per (batch, T): ``{"B1_T1": ms, ...}`` and every sample;
+    with ``hlo``, also each program's ``hlo_summary`` (one more compile per program)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -148,7 +173,7 @@ def pass_costs(params, config, batches, widths, slots: int, reps: int) -> dict:
         return out.logits, cache.write(out.cache, start)
 
     run = jax.jit(step, donate_argnums=(1,))
-    med, every = {}, {}
+    med, every, kernels = {}, {}, {}
     for b in batches:
         for t in widths:
             tokens = jnp.asarray(np.random.default_rng(t).integers(0, config.vocab_size, (b, t)), jnp.int32)
@@ -157,16 +182,21 @@ def pass_costs(params, config, batches, widths, slots: int, reps: int) -> dict:
             visible = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
             state = {"cache": KVCache.zeros(config, b, slots, params["embed"].dtype)}
 
-            def call():
-                logits, state["cache"] = run(params, state["cache"], tokens, positions, start, visible)
+            def chain():
+                for _ in range(PASS_CHAIN):
+                    logits, state["cache"] = run(params, state["cache"], tokens, positions, start, visible)
                 jax.block_until_ready((logits, state["cache"]))
 
             key = f"B{b}_T{t}"
-            every[key] = [s * 1e3 for s in timed(call, reps)]
+            if hlo:
+                kernels[key] = hlo_summary(run.lower(params, state["cache"], tokens, positions, start, visible)
+                                           .compile().as_text())
+                print(f"  hlo {key}: {kernels[key]}", flush=True)
+            every[key] = [s * 1e3 / PASS_CHAIN for s in timed(chain, reps)]
             med[key] = statistics.median(every[key])
             print(f"  pass {key}: {med[key]:.3f} ms", flush=True)
             del state
-    return {"ms": med, "all_ms": every}
+    return {"ms": med, "all_ms": every, **({"hlo": kernels} if hlo else {})}
 
 
 def end_to_end(params, config, gamma: int, taus, slots: int, new_tokens: tuple[int, int], reps: int) -> dict:
@@ -295,7 +325,7 @@ def goals(name: str, rec: dict, gamma: int) -> list[dict]:
     add("pass_vs_floor", ms["B1_T1"] / rec["floor_ms"], lambda v: v <= GOALS["pass_vs_floor"])
     add("verify_vs_decode", ms[f"B1_T{gamma + 1}"] / ms["B1_T1"], lambda v: v <= GOALS["verify_vs_decode"])
     hf = rec.get("transformers", {}).get("B1", {}).get("tokens_per_s")
-    plain = rec["e2e"]["plain"]["decode_tokens_per_s"]
+    plain = rec.get("e2e", {}).get("plain", {}).get("decode_tokens_per_s")  # None without --parts e2e
     add("plain_vs_hf", plain / hf if hf and plain else None, lambda v: v >= GOALS["plain_vs_hf"])
     return rows
 
@@ -316,8 +346,11 @@ def main(argv=None) -> int:
                                                        "(32,128; dry run 8,24)")
     ap.add_argument("--reps", type=int, default=None, help="timed repeats (pass: 4x this) (3; dry run 2)")
     ap.add_argument("--copy-gib", type=float, default=None, help="GiB copied to measure bandwidth (2; dry run 0.004)")
-    ap.add_argument("--parts", default="pass,e2e", help="what to time per shape: pass (target passes), e2e "
-                                                      "(generate, plain and synthetic); transformers per --hf")
+    ap.add_argument("--parts", default="pass,e2e", help="what to time per shape: pass (target passes, always "
+                                                      "timed: the goals need them), e2e (generate, plain and "
+                                                      "synthetic); transformers per --hf")
+    ap.add_argument("--hlo-summary", action="store_true", help="record which kernels each pass program runs "
+                                                                "(custom calls, fusion kinds, Triton GEMM tiles)")
     ap.add_argument("--hf", choices=("on", "off"), default="on", help="run transformers' static-cache decoding")
     ap.add_argument("--hf-compile", choices=("auto", "off"), default="auto",
                     help="auto: transformers compiles the static-cache decode step where it does by default (CUDA)")
@@ -333,6 +366,10 @@ def main(argv=None) -> int:
     taus = [float(t) for t in args.taus.split(",")]
     tree_widths = [int(t) for t in (args.tree_widths if args.tree_widths is not None else "9" if dry else "9,17,31")
                    .split(",") if t]
+    parts = args.parts.split(",")
+    if "pass" not in parts or not set(parts) <= set(PARTS):
+        raise SystemExit(f"error: --parts: a comma-separated subset of {', '.join(PARTS)} that includes pass, "
+                         f"got {args.parts!r}")
     if any(not 1 <= t <= 256 for t in tree_widths):
         raise SystemExit(f"error: --tree-widths: each width must be in [1, 256] (the cache's free slots), got {tree_widths}")
     if 1 not in batches or 1 not in hf_batches:
@@ -394,12 +431,12 @@ def main(argv=None) -> int:
                # not in the floor, for reading it: a pass also reads the whole static cache
                "kv_cache_bytes_per_row": 2 * config.n_layers * slots * config.n_kv_heads * config.head_dim * 2}
         print(f"  floor: {weight_bytes / 1e9:.2f} GB streamed, {rec['floor_ms']:.3f} ms", flush=True)
-        parts = args.parts.split(",")
-        rec["pass"] = pass_costs(params, config, batches, (1, args.gamma + 1), slots, reps * 4)
-        if tree_widths:
-            wide = pass_costs(params, config, [1], tree_widths, slots, reps * 4)
-            rec["pass"]["ms"].update(wide["ms"])
-            rec["pass"]["all_ms"].update(wide["all_ms"])
+        rec["pass"] = pass_costs(params, config, batches, (1, args.gamma + 1), slots, reps * 4, args.hlo_summary)
+        more = [t for t in dict.fromkeys(tree_widths) if t not in (1, args.gamma + 1)]  # not timed above
+        if more:
+            wide = pass_costs(params, config, [1], more, slots, reps * 4, args.hlo_summary)
+            for k in ("ms", "all_ms", "hlo"):
+                rec["pass"].get(k, {}).update(wide.get(k, {}))
         t1 = rec["pass"]["ms"]["B1_T1"]
         rec["pass"]["vs_B1_T1"] = {k: v / t1 for k, v in rec["pass"]["ms"].items()}
         print("  pass / B1_T1: " + ", ".join(f"{k} {v:.2f}x" for k, v in rec["pass"]["vs_B1_T1"].items()), flush=True)
@@ -420,8 +457,7 @@ def main(argv=None) -> int:
         rec["elapsed_s"] = time.perf_counter() - t0
         print(f"  {name} done in {rec['elapsed_s']:.0f} s", flush=True)
         results[name] = rec
-        if "e2e" in parts:
-            goal_rows += goals(name, rec, args.gamma)
+        goal_rows += goals(name, rec, args.gamma)
 
     note = " (dry run on CPU: not meaningful)" if dry else ""
     print(f"goals{note}:")

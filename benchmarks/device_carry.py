@@ -43,41 +43,63 @@ def tree_bytes() -> int:
     return sum(os.path.getsize(os.path.join(ROOT, p)) for p in paths if os.path.isfile(os.path.join(ROOT, p)))
 
 
-def prepare(model_name: str, margin_mib: float) -> dict:
-    """Split ``model_name``'s GGUF into ``.devcarry/<name>.partNN``, copy the Spec-Bench
-    questions and the ``gguf`` wheel there; return the plan of calls."""
-    from importlib.metadata import version
+def _parts(carry: str, model_name: str) -> list[str]:
+    """``<carry>/<name>.partNNN`` files in index order (numerically)."""
+    found = glob.glob(os.path.join(carry, f"{model_name}.part*"))
+    return sorted(found, key=lambda p: int(p.rsplit(".part", 1)[1]) if p.rsplit(".part", 1)[1].isdigit() else -1)
+
+
+def prepare(model_name: str, margin_mib: float, questions: str = QUESTIONS) -> dict:
+    """Split ``model_name``'s GGUF into ``.devcarry/<name>.partNNN``, copy the Spec-Bench
+    questions and the ``gguf`` wheel there; return the plan of calls.
+
+    Raises ``SystemExit`` (with the message) when the questions file is missing, ``gguf`` is
+    not installed here (its wheel is downloaded for the same version), or the working tree
+    leaves no room for a part."""
+    from importlib.metadata import PackageNotFoundError, version
 
     from jaxspec.checkpoints import packaged
+
+    if not os.path.isfile(questions):
+        raise SystemExit(f"error: --questions: no file {questions} (Spec-Bench's question.jsonl)")
+    try:
+        gguf_version = version("gguf")
+    except PackageNotFoundError:
+        raise SystemExit("error: the gguf package is not installed here (pip install -e '.[models]'); its wheel "
+                         "is carried to the device, which lacks it") from None
 
     model = packaged.MODELS[model_name]
     src = packaged.gguf_path(model_name)
     carry = os.path.join(ROOT, CARRY)
     os.makedirs(carry, exist_ok=True)
-    for old in glob.glob(os.path.join(carry, f"{model_name}.part*")):
+    for old in _parts(carry, model_name):
         os.remove(old)
-    shutil.copyfile(QUESTIONS, os.path.join(carry, "question.jsonl"))
+    shutil.copyfile(questions, os.path.join(carry, "question.jsonl"))
     for old in glob.glob(os.path.join(carry, "gguf-*.whl")):
         os.remove(old)
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", carry,
-                    f"gguf=={version('gguf')}"], check=True)
+                    f"gguf=={gguf_version}"], check=True)
     extras = [os.path.relpath(p, ROOT) for p in sorted(glob.glob(os.path.join(carry, "gguf-*.whl")))]
     extras.append(os.path.join(CARRY, "question.jsonl"))
     extra_bytes = sum(os.path.getsize(os.path.join(ROOT, p)) for p in extras)
     room = int((LIMIT_MIB - margin_mib) * 2**20) - tree_bytes()
     part = room - extra_bytes  # the last call carries the extras too: every part fits beside them
     if part < 2**20:
-        raise SystemExit(f"error: the working tree leaves {room / 2**20:.1f} MiB of the {LIMIT_MIB} MiB per call")
+        raise SystemExit(f"error: the working tree ({tree_bytes() / 2**20:.1f} MiB) and the last call's extras "
+                         f"({extra_bytes / 2**20:.1f} MiB) leave {part / 2**20:.1f} MiB for a part of the "
+                         f"{LIMIT_MIB} MiB per call")
     parts = []
     with open(src, "rb") as f:
         while block := f.read(part):
-            path = os.path.join(CARRY, f"{model_name}.part{len(parts):02d}")
+            path = os.path.join(CARRY, f"{model_name}.part{len(parts):03d}")
             with open(os.path.join(ROOT, path), "wb") as out:
                 out.write(block)
             parts.append(path)
     calls = [{"carry": [p], "command": f"ls -l {CARRY}"} for p in parts[:-1]]
     calls.append({"carry": [parts[-1], *extras], "command": "bash benchmarks/device_smollm2.sh"})
-    return {"model": model_name, "gguf": src, "bytes": model.chunks[0].size if len(model.chunks) == 1 else None,
+    return {"note": "make the calls back to back; the working tree must not grow by more than the margin "
+                    f"({margin_mib} MiB) before them (rerun prepare if it did)",
+            "model": model_name, "gguf": src, "bytes": model.chunks[0].size if len(model.chunks) == 1 else None,
             "part_bytes": part, "tree_bytes": tree_bytes(), "calls": calls}
 
 
@@ -94,7 +116,12 @@ def assemble(model_name: str, site: str, carry: str = os.path.join(ROOT, CARRY))
         raise SystemExit(f"error: {model_name} ships in {len(model.chunks)} chunks; only single-file models "
                          "are placed by this script")
     chunk = model.chunks[0]
-    parts = sorted(glob.glob(os.path.join(carry, f"{model_name}.part*")))
+    parts = _parts(carry, model_name)
+    indices = [p.rsplit(".part", 1)[1] for p in parts]
+    if indices != [f"{i:03d}" for i in range(len(parts))]:
+        raise SystemExit(f"error: the parts of {model_name} here are {[os.path.basename(p) for p in parts]}, not "
+                         f"{model_name}.part000 .. part{len(parts) - 1:03d} in sequence (a call's part went back "
+                         "with an idle machine?)")
     have = sum(os.path.getsize(p) for p in parts)
     if have != chunk.size:
         raise SystemExit(f"error: {len(parts)} part(s) of {model_name} here hold {have} bytes, expected {chunk.size}: "
@@ -118,9 +145,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m", help="a single-file packaged model (smollm2-135m)")
     ap.add_argument("--site", default="/tmp/site", help="assemble: the folder put on PYTHONPATH (/tmp/site)")
     ap.add_argument("--margin-mib", type=float, default=2.0, help="prepare: MiB left free per call (2)")
+    ap.add_argument("--questions", default=QUESTIONS, help="prepare: Spec-Bench's question.jsonl (default: "
+                                                           "../shared/benchmarks/spec_bench/question.jsonl)")
     args = ap.parse_args(argv)
     if args.action == "prepare":
-        print(json.dumps(prepare(args.model, args.margin_mib), indent=1))
+        print(json.dumps(prepare(args.model, args.margin_mib, args.questions), indent=1))
     else:
         print(f"placed {assemble(args.model, args.site)} (sha256 checked)")
     return 0

@@ -6,8 +6,8 @@
 # Each part has its own time limit, so one that fails or runs long leaves the others' results.
 # Writes JSON and a log under $OUT (the device tool's output folder; /tmp/device_checks here).
 #
-#   bash benchmarks/device_checks.sh        # from the repository root; ~7 minutes on an H200 (2026-12-04: 409 s)
-set -u
+#   bash benchmarks/device_checks.sh        # from the repository root; ~7-9 minutes on an H200 (2026-12-04: 409 s before --hlo-summary); part limits sum to 580 s
+set -u -o pipefail
 OUT=${OUT:-/tmp/device_checks}
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1
@@ -19,11 +19,12 @@ PY=${PYTHON:-python3}
   echo "== greedy exactness, bfloat16"
   timeout 140 $PY benchmarks/greedy_exactness.py --shapes small --dtypes bfloat16 --out "$OUT/greedy_exactness_bf16.json"
   echo "== accelerator.py llama-3.1-8b (rc of the previous part: $?)"
-  timeout 240 $PY benchmarks/accelerator.py --shapes llama-3.1-8b --out "$OUT/accelerator_8b.json"
+  timeout 270 $PY benchmarks/accelerator.py --shapes llama-3.1-8b --tree-widths 2,9,17,31 --hlo-summary \
+    --out "$OUT/accelerator_8b.json"
   echo "== accelerator.py llama-3.2-1b (rc of the previous part: $?)"
-  timeout 140 $PY benchmarks/accelerator.py --shapes llama-3.2-1b --out "$OUT/accelerator_1b.json"
+  timeout 130 $PY benchmarks/accelerator.py --shapes llama-3.2-1b --out "$OUT/accelerator_1b.json"
   echo "== greedy exactness, float32 (rc of the previous part: $?)"
-  timeout 60 $PY benchmarks/greedy_exactness.py --dtypes float32 --shapes small --seeds 1 \
+  timeout 40 $PY benchmarks/greedy_exactness.py --dtypes float32 --shapes small --seeds 1 \
     --drafters self_draft,lookahead --out "$OUT/greedy_exactness_f32.json"
   echo "== done (rc of the previous part: $?)"
   date -u

@@ -8,7 +8,7 @@
 # METHODS, PER_CATEGORY, MAX_NEW_TOKENS, SPEC_BENCH_TIMEOUT (s), SPEC_BENCH_EXTRA (more flags).
 #
 #   bash benchmarks/device_smollm2.sh       # from the repository root, on the device machine
-set -u
+set -u -o pipefail
 OUT=${OUT:-/tmp/device_smollm2}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}

@@ -19,7 +19,11 @@ these drafters against plain decoding of the same params:
   come from the verify pass's numerics;
 - ``lookahead``: ``LookaheadDrafter(5, 4, 5)`` (31-token windows).
 
-Per case: rows identical to plain, the first differing position of each other row, tau.
+Per case: rows identical to plain, the first differing position of each other row, tau; the
+same against "window plain", plain greedy decoding computed in a (gamma + 1)-token verify
+window (``window_plain``), and window plain against plain: if speculative output equals
+window plain where it differs from plain, the difference is the window's width alone (its
+kernels), and plain decoding run in the verify's window would make the two agree.
 Nothing is asserted: the JSON and the printed table are the record
 (``benchmarks/results/greedy_exactness_<device kind>_<date>.json``).
 
@@ -80,6 +84,33 @@ def drafters(config, gamma: int) -> dict:
     }
 
 
+def first_differences(rows: list[list[int]], reference: list[list[int]]) -> list[int | None]:
+    """Per row, the first token index where ``rows`` differs from ``reference`` (None: equal; a
+    row that is a proper prefix of the other differs where the shorter one ends)."""
+    def first(r, ref):
+        i = next((i for i, (a, b) in enumerate(zip(r, ref)) if a != b), None)
+        return min(len(r), len(ref)) if i is None and len(r) != len(ref) else i
+
+    return [first(r, ref) for r, ref in zip(rows, reference, strict=True)]
+
+
+def window_plain(params, rows, gamma: int, kw: dict) -> list[list[int]]:
+    """Plain greedy decoding computed in a (gamma + 1)-token verify window: ``RepeatDrafter``
+    with every draft rejected (synthetic acceptance at tau 1), so each step emits the root's
+    argmax, as plain decoding does, from the same kernels a speculative verify runs. Equal to
+    plain decoding where a window's logits equal a 1-token pass's; the reference that tells
+    whether a difference comes from the window's width alone."""
+    import warnings
+
+    import jaxspec
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", jaxspec.synthetic.SyntheticAcceptanceWarning)
+        return jaxspec.generate(params, rows, drafter=jaxspec.RepeatDrafter(gamma),
+                                synthetic_acceptance=jaxspec.SyntheticAcceptance.from_tau(1, gamma),
+                                allow_synthetic_acceptance=True, **kw).tokens
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="tiny,small", help="comma-separated: tiny, small (default both)")
@@ -91,6 +122,11 @@ def main(argv=None) -> int:
     ap.add_argument("--drafters", default="ngram_chain,ngram_tree,self_draft,lookahead", help="which drafters (all)")
     ap.add_argument("--out", default=None, help="output JSON path")
     args = ap.parse_args(argv)
+    known = ("ngram_chain", "ngram_tree", "self_draft", "lookahead")
+    if not set(args.drafters.split(",")) <= set(known):
+        ap.error(f"--drafters: a comma-separated subset of {', '.join(known)}, got {args.drafters!r}")
+    if not set(args.shapes.split(",")) <= {"tiny", "small"}:
+        ap.error(f"--shapes: a comma-separated subset of tiny, small, got {args.shapes!r}")
 
     import jax
     import jax.numpy as jnp
@@ -106,7 +142,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     device = jax.devices()[0]
     print(f"device: {device.device_kind} ({jax.default_backend()})", flush=True)
-    cases = []
+    cases, windows = [], []
     for name in args.shapes.split(","):
         config = all_shapes[name]
         for dtype in args.dtypes.split(","):
@@ -116,20 +152,29 @@ def main(argv=None) -> int:
                 kw = dict(config=config, ignore_eos=True, max_new_tokens=args.max_new_tokens)
                 for rows in (batch[:1], batch):
                     plain = jaxspec.generate(params, rows, **kw).tokens
+                    window = window_plain(params, rows, args.gamma, kw)
                     for dname, (drafter, dparams) in drafters(config, args.gamma).items():
                         if dname not in args.drafters.split(","):
                             continue
                         extra = {"drafter_params": params} if dparams == "target" else {}
                         out = jaxspec.generate(params, rows, drafter=drafter, **kw, **extra)
-                        first = [next((i for i, (a, b) in enumerate(zip(s, p)) if a != b), None)
-                                 for s, p in zip(out.tokens, plain)]
+                        first, first_w = first_differences(out.tokens, plain), first_differences(out.tokens, window)
                         case = {"shape": name, "dtype": dtype, "seed": seed, "batch": len(rows), "drafter": dname,
                                 "rows_identical": sum(f is None for f in first), "rows": len(rows),
-                                "first_difference": first, "tau": out.metrics.tau}
+                                "first_difference": first, "tau": out.metrics.tau,
+                                "rows_identical_to_window_plain": sum(f is None for f in first_w),
+                                "first_difference_window_plain": first_w}
                         cases.append(case)
                         print(f"{name:5s} {dtype:8s} seed {seed} B{len(rows)} {dname:11s} "
                               f"identical {case['rows_identical']}/{case['rows']} first diff {first} "
+                              f"(to window plain: {case['rows_identical_to_window_plain']}/{case['rows']} {first_w}) "
                               f"tau {out.metrics.tau:.2f}", flush=True)
+                    first = first_differences(window, plain)
+                    windows.append({"shape": name, "dtype": dtype, "seed": seed, "batch": len(rows),
+                                    "rows_identical": sum(f is None for f in first), "rows": len(rows),
+                                    "first_difference": first})
+                    print(f"{name:5s} {dtype:8s} seed {seed} B{len(rows)} window plain vs plain: identical "
+                          f"{windows[-1]['rows_identical']}/{len(rows)} first diff {first}", flush=True)
             jaxspec.api._COMPILED.clear()  # this shape and dtype's programs are done with
     total = sum(c["rows"] for c in cases)
     same = sum(c["rows_identical"] for c in cases)
@@ -143,6 +188,7 @@ def main(argv=None) -> int:
               "machine": {**machine_info(), "backend": jax.default_backend(), "device_kind": device.device_kind,
                           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")},
               "versions": versions(), "settings": vars(args), "rows_identical": same, "rows": total, "cases": cases,
+              "window_plain_vs_plain": windows,
               "elapsed_s": time.perf_counter() - t_start}
     write_record(record, path)
     return 0

