@@ -1,0 +1,114 @@
+"""Where a generate call's device time goes, by XLA op kind: one profiled call
+(``jax.profiler`` with a Perfetto trace) after a warm-up call, the trace's per-thunk events
+summed by op name with its numeric suffix dropped (``dot.4064`` -> ``dot``), as a table of
+ms, share and count per step.
+
+XLA:CPU records one event per executed thunk (a fusion, a dot, a copy, ...); on GPU the
+trace holds the kernels' events likewise. Use it to find what a step spends on besides the
+weights' matrix products, e.g. copies or transposes of the KV cache (``copy``,
+``copy_bitcast_fusion`` of cache-shaped buffers: see the optimized HLO,
+``jaxspec.api._COMPILED[key].as_text()``).
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/profile_ops.py --model smollm2-135m --prompt-tokens 800 --max-new-tokens 64
+    PYTHONPATH=. python benchmarks/profile_ops.py --drafter ngram --gamma 4      # a speculative call
+
+Writes ``--out`` (JSON: command, machine, versions, settings, per-kind ms and counts) when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime as _dt
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_env import machine_info, versions, write_record  # noqa: E402
+
+# trace events that are not ops: the runtime's own spans, Python frames, thread-pool waits
+NOT_OPS = ("ThunkExecutor", "$", "np.", "SlinkyThreadPool", "end: ", "while", "conditional", "call")
+
+
+def op_times(trace_file: str) -> dict[str, tuple[float, int]]:
+    """``{op kind: (total ms, events)}`` of a Perfetto ``*.trace.json.gz``: complete events
+    ("ph" X) whose names are ops, summed by name without its numeric suffix."""
+    with gzip.open(trace_file) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    ms, count = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") != "X" or e["name"].startswith(NOT_OPS):
+            continue
+        kind = re.sub(r"\.\d+$", "", e["name"])
+        ms[kind] += e.get("dur", 0) / 1e3
+        count[kind] += 1
+    return {k: (ms[k], count[k]) for k in sorted(ms, key=ms.get, reverse=True)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="packaged name, .gguf or HF directory (smollm2-135m)")
+    ap.add_argument("--drafter", choices=("none", "ngram"), default="none", help="none: plain decoding (default)")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--prompt-tokens", type=int, default=200, help="prompt length in tokens (random text ids)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--top", type=int, default=15, help="rows printed (15)")
+    ap.add_argument("--out", default=None, help="JSON path (default: print only)")
+    args = ap.parse_args(argv)
+    if args.prompt_tokens < 1 or args.max_new_tokens < 2 or args.gamma < 1:
+        ap.error("--prompt-tokens >= 1, --max-new-tokens >= 2 and --gamma >= 1 are required")
+
+    import jax
+    import numpy as np
+
+    import jaxspec
+
+    started = _dt.datetime.now(_dt.timezone.utc)
+    model = jaxspec.load(args.model)
+    rng = np.random.default_rng(0)
+    # a repeated span, so that prompt lookup finds matches
+    span = rng.integers(100, model.config.vocab_size - 100, max(1, args.prompt_tokens // 4)).tolist()
+    prompt = (span * 4 + span)[: args.prompt_tokens]
+    drafter = None if args.drafter == "none" else jaxspec.NGramDrafter(gamma=args.gamma)
+    kw = dict(drafter=drafter, max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    jaxspec.generate(model, [prompt], **kw)  # compile and warm up
+    with tempfile.TemporaryDirectory() as tmp:
+        jax.profiler.start_trace(tmp, create_perfetto_trace=True)
+        t0 = time.perf_counter()
+        out = jaxspec.generate(model, [prompt], **kw)
+        wall = time.perf_counter() - t0
+        jax.profiler.stop_trace()
+        traces = glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"), recursive=True)
+        if not traces:
+            raise SystemExit(f"error: jax.profiler wrote no Perfetto trace under {tmp}")
+        ops = op_times(traces[0])
+    steps = int(np.sum(out.metrics.verify_steps))  # target forwards after the prefill
+    total = sum(ms for ms, _ in ops.values())
+    print(f"{args.model}, drafter {args.drafter}, prompt {len(prompt)} tokens, {args.max_new_tokens} new: "
+          f"{steps} verify steps, wall {wall:.2f} s (profiled), op time {total / 1e3:.2f} s (ops on all threads add up)")
+    for kind, (ms, n) in list(ops.items())[: args.top]:
+        print(f"  {ms:9.1f} ms {100 * ms / total:5.1f}%  {n:7d}  {kind}")
+    if args.out:
+        record = {"command": "PYTHONPATH=. python benchmarks/profile_ops.py " +
+                             " ".join(sys.argv[1:] if argv is None else argv),
+                  "started": started.isoformat(), "machine": {**machine_info(), "backend": jax.default_backend()},
+                  "versions": versions(), "settings": vars(args), "prompt_tokens": len(prompt), "wall_s": wall,
+                  "steps": steps, "op_ms_total": total,
+                  "ops": {k: {"ms": ms, "events": n} for k, (ms, n) in ops.items()},
+                  "elapsed_s": (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()}
+        write_record(record, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
