@@ -115,6 +115,25 @@ class Tiny:
 
 
 @pytest.fixture(scope="session")
+def bench_module():
+    """``load(name)``: import the script ``benchmarks/<name>.py`` as a module (the scripts import
+    their siblings, e.g. ``bench_env``, from that folder, so it is on ``sys.path`` meanwhile)."""
+    import importlib
+    import sys
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+
+    def load(name: str):
+        sys.path.insert(0, folder)
+        try:
+            return importlib.import_module(name)
+        finally:
+            sys.path.remove(folder)
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def tiny() -> Tiny:
     # scale 1.0: peaky enough that greedy decoding of a random model falls into loops
     # (which prompt lookup then drafts), not so peaky that every row repeats one token.

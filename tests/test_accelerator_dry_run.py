@@ -5,12 +5,9 @@ positive, or None where a long-short difference drowned in noise)."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
 def _tiny_streamed_bytes(c) -> int:
@@ -21,14 +18,10 @@ def _tiny_streamed_bytes(c) -> int:
     return 2 * (c.n_layers * layer + c.dim + c.dim * c.vocab_size)
 
 
-def test_dry_run_json(tmp_path, capsys):
+def test_dry_run_json(tmp_path, capsys, bench_module):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    sys.path.insert(0, BENCH)
-    try:
-        import accelerator
-    finally:
-        sys.path.remove(BENCH)
+    accelerator = bench_module("accelerator")
     path = tmp_path / "acc.json"
     assert accelerator.main(["--dry-run", "--out", str(path)]) == 0
     printed = capsys.readouterr().out
@@ -69,14 +62,10 @@ def test_dry_run_json(tmp_path, capsys):
     assert "goals (dry run on CPU: not meaningful):" in printed and "SYNTHETIC tau 4" in printed
 
 
-def test_hlo_summary_counts_kernels():
+def test_hlo_summary_counts_kernels(bench_module):
     """``--hlo-summary``'s parser on a hand-written optimized-HLO excerpt (the text forms XLA:GPU
     prints: a cuBLAS custom call, fusions of two kinds, a Triton GEMM's backend config)."""
-    sys.path.insert(0, BENCH)
-    try:
-        import accelerator
-    finally:
-        sys.path.remove(BENCH)
+    accelerator = bench_module("accelerator")
     text = "\n".join([
         '%gemm = (bf16[1,4096]{1,0}, s8[0]{0}) custom-call(%a, %b), custom_call_target="__cublas$gemm"',
         "%f1 = bf16[8]{0} fusion(%x), kind=kLoop, calls=%fused_1",

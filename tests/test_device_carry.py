@@ -4,23 +4,16 @@ calls become the packaged GGUF again, where ``jaxspec.load`` finds it, or a clea
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 from jaxspec.checkpoints import packaged
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
 @pytest.fixture(scope="module")
-def device_carry():
-    sys.path.insert(0, BENCH)
-    try:
-        import device_carry
-    finally:
-        sys.path.remove(BENCH)
-    return device_carry
+def device_carry(bench_module):
+    return bench_module("device_carry")
 
 
 def _split(path: str, carry, sizes) -> list:

@@ -5,18 +5,11 @@ and the JSON records what it compared."""
 from __future__ import annotations
 
 import json
-import os
-import sys
-
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
-def test_cpu_float32_rows_equal_plain(tmp_path):
-    sys.path.insert(0, BENCH)
-    try:
-        import greedy_exactness
-    finally:
-        sys.path.remove(BENCH)
+
+def test_cpu_float32_rows_equal_plain(tmp_path, bench_module):
+    greedy_exactness = bench_module("greedy_exactness")
     path = tmp_path / "exact.json"
     argv = ["--shapes", "tiny", "--dtypes", "float32", "--seeds", "1", "--max-new-tokens", "16",
             "--drafters", "ngram_chain,self_draft", "--out", str(path)]

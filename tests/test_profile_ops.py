@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import sys
-
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
-def test_op_times_sums_by_kind(tmp_path):
-    sys.path.insert(0, BENCH)
-    try:
-        import profile_ops
-    finally:
-        sys.path.remove(BENCH)
+
+def test_op_times_sums_by_kind(tmp_path, bench_module):
+    profile_ops = bench_module("profile_ops")
     events = [
         {"ph": "X", "name": "dot.4064", "dur": 1500},
         {"ph": "X", "name": "dot.12", "dur": 500},
