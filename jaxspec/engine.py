@@ -207,12 +207,15 @@ class _Verified:
     """One verify step's results, along the accepted path (W window entries)."""
 
     accepted: acceptance.Accepted
-    kv: KVCache  # [B, W, K, h] per layer: the target's keys and values along the path, for slots start ..
+    # [B, W, K, h] per layer: the target's keys and values along the path, for slots start ..;
+    # None when the forward wrote them itself (plain decoding: ``cache``)
+    kv: KVCache | None
     hidden: jax.Array  # [B, W, D]: the target's final hidden states along the path
     captured: tuple  # [B, W, D] per captured layer, along the path
     logprobs: tuple | None  # token_logprobs of the emitted tokens, or None
     n_drafted: jax.Array  # int32 [B]: valid nodes of the verified tree
     argmax: jax.Array  # int32 [B, W]: the target's argmax after every window entry (Committed.argmax)
+    cache: KVCache | None = None  # the target cache with the window written (plain decoding), else None
 
 
 def _along(x: jax.Array, path: jax.Array) -> jax.Array:
@@ -221,17 +224,31 @@ def _along(x: jax.Array, path: jax.Array) -> jax.Array:
 
 
 def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: Proposal, capture, logprobs,
-            width: int) -> _Verified:
+            width: int, write_first: bool = False) -> _Verified:
     """ONE target forward over the window ``[root, nodes]`` with the tree's ancestor mask, and
-    acceptance; outputs padded to ``width`` (W) entries so a smaller tree fits the same state."""
+    acceptance; outputs padded to ``width`` (W) entries so a smaller tree fits the same state.
+
+    ``write_first`` (plain decoding, outside any conditional): the window, one token that is
+    always kept, is written into the cache before the attention reads it, and ``cache`` comes
+    back. Otherwise the cache is only read: this may run inside the switch over verify widths,
+    where a cache updated in a branch costs XLA a copy of every layer's buffers each step
+    (jaxlib 0.10; jax-ml/jax#16661), and the accepted path's keys and values (``kv``) are
+    written after acceptance. Why not that for plain decoding too: its write would not depend
+    on anything the attention read (the path of an empty tree is a constant), so XLA cannot
+    order the in-place write after the reads and copies every buffer twice per step; after a
+    real acceptance the path depends on the logits, and it does not.
+    """
     tree = Tree.of(root, proposal)
     start = s.seq_lens - 1  # the root's slot: it is not yet in the cache
     positions = start[:, None] + tree.depth
-    mask = models.TreeMask(start, tree.ancestors, positions)
-    # The cache is only read here: this runs inside the switch over verify widths, and a cache
-    # updated in a branch costs XLA a copy of every layer's buffers each step (jaxlib 0.10;
-    # jax-ml/jax#16661). The accepted path's keys and values are written after it.
-    out = models.forward(target, config, tree.tokens, positions, s.cache, mask=mask, capture=capture, write=False)
+    if write_first:
+        if proposal.n_nodes:
+            raise ValueError("write_first is plain decoding's: an empty proposal")
+        out = models.forward(target, config, tree.tokens, positions, s.cache, write_at=start, capture=capture)
+    else:
+        mask = models.TreeMask(start, tree.ancestors, positions)
+        out = models.forward(target, config, tree.tokens, positions, s.cache, mask=mask, capture=capture,
+                             write=False)
     p = processed_probs(out.logits, inputs.sampling, s.history, tree)
     if inputs.synthetic_rates is None:
         acc = acceptance.accept(fold_rows(keys, 1), p, proposal.q, tree)
@@ -240,12 +257,13 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
     pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])) + ((0, 0),) * (x.ndim - 2), mode="edge")  # noqa: E731
     accepted = acceptance.Accepted(acc.n_accepted, pad(acc.path), pad(acc.tokens))
-    kv = jax.tree.map(lambda x: pad(_along(x, acc.path)), out.cache)
+    kv = None if write_first else jax.tree.map(lambda x: pad(_along(x, acc.path)), out.cache)
     return _Verified(accepted, kv, pad(_along(out.hidden, acc.path)),
                      tuple(pad(_along(c, acc.path)) for c in out.captured),
                      None if lp is None else tuple(pad(x) for x in lp),
                      jnp.sum(tree.valid[:, 1:], axis=1, dtype=jnp.int32),
-                     pad(jnp.argmax(out.logits, axis=-1).astype(jnp.int32)))
+                     pad(jnp.argmax(out.logits, axis=-1).astype(jnp.int32)),
+                     out.cache if write_first else None)
 
 
 def _first_nodes(proposal: Proposal, n: int) -> Proposal:
@@ -301,7 +319,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
             pick = sum((used > w).astype(jnp.int32) for w in widths[:-1])
             v = jax.lax.switch(pick, [functools.partial(verify, _first_nodes(proposal, w)) for w in widths])
         else:
-            v = verify(proposal)
+            v = verify(proposal, write_first=drafter is None)
     with jax.named_scope("commit"):
         # No valid node is deeper than gamma, so at most gamma + 1 tokens are emitted: the stop
         # checks (unrolled per token) read only those, however wide the window (a lookahead
@@ -337,7 +355,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         tokens=tokens,
         seq_lens=seq_lens,
         done=done,
-        cache=s.cache.write(v.kv, s.seq_lens - 1),
+        cache=s.cache.write(v.kv, s.seq_lens - 1) if v.cache is None else v.cache,
         drafter_state=drafter_state,
         history=s.history.add(new, slot < n_keep[:, None]),
         tail=tail,

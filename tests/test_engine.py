@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -386,6 +387,37 @@ def test_generation_lowers_to_one_while_loop_without_host_calls(tiny, inputs_fac
     for marker in ("callback", "stablehlo.send", "stablehlo.recv", "infeed", "outfeed"):
         assert marker not in text, marker
 
+
+def _while_body_copies(hlo: str, shape: str) -> int:
+    """``copy`` ops of arrays of ``shape`` (e.g. ``f32[3,64,2,8]``) in the while loops' bodies
+    of an optimized HLO module's text."""
+    bodies = set(re.findall(r"body=%([\w.\-]+)", hlo))
+    n = 0
+    for comp in re.split(r"\n(?=\S)", hlo):
+        name = re.match(r"%([\w.\-]+) ", comp)
+        if name and name.group(1) in bodies:
+            n += len(re.findall(rf"= {re.escape(shape)}\{{[0-9,]*\}} copy\(", comp))
+    return n
+
+
+@pytest.mark.parametrize("kind", ("plain", "model_noisy"))
+def test_decode_loop_does_not_copy_the_cache(tiny, inputs_factory, kind):
+    """No step copies a whole cache buffer: XLA updates the loop-carried cache in place. It
+    copied each buffer twice per step in plain decoding while the step wrote its token after
+    the attention's reads (a write that does not depend on them cannot be ordered after
+    them); plain decoding now writes first (``engine._verify(write_first=True)``). The gated
+    model-drafter program's second loop is plain decoding too."""
+    drafter, dparams = tiny.drafter(kind, 4)
+    inputs = inputs_factory(tiny.prompts, max_new_tokens=tiny.max_new)
+    if drafter is not None:
+        inputs = dataclasses.replace(inputs, gate_tau=jnp.full((len(tiny.prompts),), 2.0))
+    fn = jax.jit(functools.partial(engine.run_program, config=tiny.cfg, drafter=drafter, max_len=64))
+    dp = drafter.select_params(tiny.params, dparams) if drafter else None
+    hlo = fn.lower(tiny.params, dp, inputs).compile().as_text()
+    c = tiny.cfg
+    shape = f"f32[{len(tiny.prompts)},64,{c.n_kv_heads},{c.head_dim}]"
+    assert shape in hlo
+    assert _while_body_copies(hlo, shape) == 0
 
 def test_generate_runs_one_program_and_one_transfer(tiny, monkeypatch):
     """A warm ``generate`` call runs exactly one compiled program, which returns one result
