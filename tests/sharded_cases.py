@@ -2,9 +2,10 @@
 process (the device count must be fixed before JAX starts, so not inside pytest) and prints
 one JSON object on its last stdout line.
 
-    python tests/sharded_cases.py single CKPT             # 8 devices: every case, its unsharded
-                                                          # reference, placement and error checks;
-                                                          # writes an orbax checkpoint to CKPT
+    python tests/sharded_cases.py single CKPT [NAME ...]  # 8 devices: every case (or the named
+                                                          # ones), its unsharded reference,
+                                                          # placement and error checks; writes
+                                                          # an orbax checkpoint to CKPT
     python tests/sharded_cases.py multi PORT RANK CKPT    # one of 2 processes x 4 devices
                                                           # (jax.distributed, loopback coordinator)
 
@@ -218,7 +219,10 @@ def main():
         result["orbax"] = from_orbax(params, draft_params, ORBAX_CASE, sys.argv[4])
     else:
         result = {"placement": placement(params), "errors": errors(params), "cases": {}}
+        chosen = set(sys.argv[3:])  # case names to run (the tests selected); none: every case
         for case in CASES:
+            if chosen and case.name not in chosen:
+                continue
             p, dp = (params, draft_params) if case.config is TARGET else models(case.config)
             result["cases"][case.name] = {"ref": run(p, dp, case),
                                           "sharded": run(p, dp, case, sharding.make_mesh(*case.mesh))}

@@ -26,6 +26,7 @@ def test_json_compare_prompts_file(tmp_path, capsys):
     assert "median speedup" in err and "outputs identical: 2/2" in err
 
 
+@pytest.mark.slow  # ~2 min on 2 cores
 def test_sampling_flags_json(capsys):
     """Every sampling flag reaches ``generate``: two samples, penalties, a stop string, a stop
     token id, logprobs with 2 alternatives; ``--compare`` checks tokens, text and logprobs
@@ -84,6 +85,7 @@ def test_prompts_file_checked_before_generating(tmp_path):
         cli.main(["generate", "--prompts-file", str(binary)])
 
 
+@pytest.mark.slow  # ~5 min on 2 cores: one compile per flag set
 def test_tree_drafter_flags(capsys):
     """``--drafter ngram --tree-nodes 16`` (4 branches of gamma 4) runs end to end on SmolLM2
     and gives plain decoding's text (model/early-exit trees: ``--branching``, tested on tiny

@@ -65,6 +65,7 @@ from jaxspec.cache import KVCache
 from jaxspec import models as decoder
 from jaxspec.models import eagle3
 from jaxspec.sampling import History, SamplingParams, processed_probs, sample
+from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
 
 V = 8
 TARGET = jaxspec.ModelConfig(
@@ -463,7 +464,14 @@ CASES += [("eagle", 4, "penalties")]
 CASES += [("model_confident", 4, "T=1"), ("model_confident", 4, "penalties")]
 
 
-@pytest.mark.parametrize("kind,gamma,name", CASES)
+# CI: every drafter kind once, every setting at least once, both gammas of the chains.
+CI_CASES = [("model", 4, "T=1"), ("model", 1, "penalties"), ("ngram", 4, "T=1.5"), ("ngram", 1, "min_p=0.1"),
+            ("early_exit", 4, "top_k=3"), ("early_exit", 1, "top_p=0.8"), ("ngram_tree", 2, "T=1"),
+            ("model_tree", 2, "penalties"), ("early_exit_tree", 2, "top_p=0.8"), ("sampled_siblings", 1, "T=0.7"),
+            ("eagle", 4, "penalties")]
+
+
+@pytest.mark.parametrize("kind,gamma,name", core(CASES, CI_CASES))
 def test_speculative_sampling_matches_target(models, inputs_factory, kind, gamma, name):
     """Speculative sampling with each drafter (draft model, n-gram lookup with q = None,
     early exit) at gamma 1 and 4 under each setting passes the chi-square test against the
@@ -578,7 +586,8 @@ def clean_compile_caches():
 
 @pytest.mark.parametrize(
     "rule,gamma",
-    [("resample_from_p", 2), ("always_accept", 2), ("double_ratio", 2), ("inverted_ratio", 2), ("bonus_off_by_one", 1)],
+    core([("resample_from_p", 2), ("always_accept", 2), ("double_ratio", 2), ("inverted_ratio", 2), ("bonus_off_by_one", 1)],
+         [("resample_from_p", 2), ("bonus_off_by_one", 1)]),
 )
 def test_wrong_rule_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches, rule, gamma):
     """The same test (draft model, T = 1, N rows, gamma as in the passing cases) rejects a
@@ -598,7 +607,7 @@ def _counts_without_drafts(history, tree, width):
     return jnp.broadcast_to(history.counts[:, None], (history.counts.shape[0], width, history.counts.shape[-1]))
 
 
-@pytest.mark.parametrize("kind", ["model", "ngram"])
+@pytest.mark.parametrize("kind", core(["model", "ngram"], ["model"]))
 def test_penalties_from_committed_tokens_only_are_detected(models, inputs_factory, monkeypatch, clean_compile_caches,
                                                            kind):
     """Penalties that ignore the drafts inside the verify window (the peer bug of feeding
@@ -668,7 +677,8 @@ def _counts_over_whole_window(history, tree, width):
     return history.counts[:, None] + jnp.sum(nodes, axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize("rule,kind", [("sibling_kept", "model_tree"), ("resample_from_p", "sampled_siblings")])
+@pytest.mark.parametrize("rule,kind", core([("sibling_kept", "model_tree"), ("resample_from_p", "sampled_siblings")],
+                                           [("sibling_kept", "model_tree")]))
 def test_wrong_tree_rule_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches, rule, kind):
     """The harness rejects tree samplers with a wrong sibling rule (T = 1, as the passing cases)."""
     monkeypatch.setattr(acceptance, "accept", _wrong_tree_accept(rule))

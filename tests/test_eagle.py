@@ -14,6 +14,7 @@ import pytest
 import jaxspec
 import jaxspec.api
 from jaxspec.models import eagle3
+from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
 
 DRAFT_VOCAB = 48  # of the tiny target's 64 tokens
 
@@ -35,7 +36,7 @@ def test_default_capture_is_the_reference_layers():
 
 # Each case compiles one engine program (the suite's cost): chain at batch 1 and 3, the tree at
 # batch 3 (rows are independent; the tree at batch 1 passes too, run by hand).
-@pytest.mark.parametrize("mode,batch", [("chain", 1), ("chain", 3), ("tree", 3)])
+@pytest.mark.parametrize("mode,batch", core([("chain", 1), ("chain", 3), ("tree", 3)], [("chain", 3), ("tree", 3)]))
 def test_greedy_eagle_equals_plain(tiny, plain_greedy, random_head, mode, batch):
     """Invariant 1: greedy EAGLE output (chain gamma 3; dynamic tree of 6 nodes, depth 3,
     branching 2) equals plain greedy output for batch 1 and 3 (row 0 of the batch-3 plain run

@@ -22,6 +22,7 @@ import jaxspec.api
 from jaxspec import engine
 from jaxspec.cache import KVCache
 from jaxspec import models
+from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
 
 GAMMAS = (1, 2, 4, 7)
 DRAFTER_KINDS = ("ngram", "early_exit", "model_noisy", "model_small")  # see conftest.Tiny.drafter
@@ -96,7 +97,8 @@ def test_plain_decoding_metrics(tiny, plain_greedy):
     assert m.tau == 1.0
 
 
-@pytest.mark.parametrize("kind,gamma", GREEDY_CASES)
+@pytest.mark.parametrize("kind,gamma", core(GREEDY_CASES, [("ngram", 4), ("early_exit", 2), ("model_noisy", 7),
+                                                           ("model_small", 1)]))
 def test_greedy_speculative_equals_plain(tiny, plain_greedy, kind, gamma):
     """Invariant 1 at batch 3 (prompt lengths 9, 1, 14) and batch 1, and invariant 3: each
     prompt run alone gives the same tokens as in the batch.

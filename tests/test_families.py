@@ -27,6 +27,7 @@ from jaxspec.cache import KVCache  # noqa: E402
 from jaxspec.checkpoints.hf import read_hf  # noqa: E402
 from jaxspec import models  # noqa: E402
 from hf_tiny import FAMILIES, TOKENS, write_tiny  # noqa: E402  (tiny_hf fixture: conftest)
+from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
 
 ATOL = 1e-4
 
@@ -95,7 +96,7 @@ def test_one_token_steps_equal_one_pass(tiny_hf, family):
     np.testing.assert_allclose(np.stack(rows), full, atol=2e-5, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["ngram", "early_exit", "model"])
+@pytest.mark.parametrize("kind", core(["ngram", "early_exit", "model"], ["early_exit"]))
 def test_gemma3_speculative_greedy_equals_plain(tiny_hf, kind):
     """Invariant 1 on a Gemma 3 model whose 5-token sliding window is far shorter than the
     generation: rejected drafts must not disturb the window's keys."""

@@ -19,6 +19,7 @@ import pytest
 import jaxspec
 from jaxspec.cache import KVCache
 from jaxspec import models
+from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
 
 DATA = pathlib.Path(__file__).parent / "data" / "gemma3_reference_logits.npz"
 ATOL = 2e-3
@@ -75,7 +76,8 @@ def plain():
     return jaxspec.generate(gemma(), PROMPTS, max_new_tokens=NEW_TOKENS)
 
 
-@pytest.mark.parametrize("name", ["ngram", "early-exit", "model"])
+# CI: none (test_stop_string_with_sentencepiece_tokens runs the n-gram drafter against plain)
+@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], []))
 def test_speculative_greedy_equals_plain(name):
     model = gemma()
     drafter, drafter_params = {

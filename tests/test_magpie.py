@@ -13,6 +13,7 @@ def test_prefix_is_the_template_up_to_the_user_message():
     assert query_prefix(smollm2().tokenizer) == system + "<|im_start|>user\n"
 
 
+@pytest.mark.slow  # ~4 min on 2 cores
 def test_queries_are_seeded_distinct_whole_chat_prompts():
     model = smollm2()
     a = magpie_prompts(model, 3, seed=0, batch=4, max_tokens=48)

@@ -73,6 +73,7 @@ def check_against_reference(model, ref) -> float:
     return gap
 
 
+@pytest.mark.slow  # ~2 min on 2 cores: 491 MB assembled and checked
 def test_draft_config_and_file():
     """What the 0.5B GGUF says: qwen2 with q/k/v biases, GQA 14/2, RoPE base 1e6, BOS
     <|endoftext|>, EOS <|im_end|>. This file stores its own ``output.weight`` (Q8_0, beside a
@@ -105,12 +106,14 @@ def test_tokenizer_and_chat_template():
     assert tok.decode(tok.encode(code, add_bos=False)) == code
 
 
+@pytest.mark.slow
 def test_draft_logits_match_transformers():
     # measured: max |ours - transformers| = 5.7e-5 over 12 positions x ~50 ids (float32, 24 layers)
     gap = check_against_reference(load(DRAFT), reference(DRAFT))
     assert gap < ATOL
 
 
+@pytest.mark.slow  # ~3 min on 2 cores (CI keeps the draft's loading and logits tests)
 def test_speculative_greedy_equals_plain_with_a_draft_model():
     """Invariant 1 at real scale on the 0.5B: a separate draft model (its first 18 of 24
     blocks, with the file's head) gives the same greedy tokens as the model alone."""

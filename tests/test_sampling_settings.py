@@ -22,6 +22,7 @@ from jaxspec import stopping
 from jaxspec.cache import KVCache
 from jaxspec import models
 from jaxspec.tokenizer import Tokenizer
+from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
 
 # 64 tokens in GPT-2's byte alphabet (Ġ = space, Ċ = newline), no merges: decode-only.
 TOKENS = (list("abcdefghijklmnopqrstuvwxyz") + ["Ġ", ",", ".", "Ċ"] + list("0123456789")
@@ -55,7 +56,7 @@ def _text_spans(tok, tokens):
 # ---------------------------------------------------------------------------- greedy: spec == plain
 
 
-@pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.parametrize("kind", core(DRAFTERS, ["ngram", "model_small"]))
 def test_penalties_greedy_spec_equals_plain(tiny, plain_greedy, kind):
     """Repetition, frequency and presence penalties change the greedy output (so they act)
     and speculative decoding reproduces it exactly with every drafter."""
@@ -80,7 +81,7 @@ def _pick_split_stop(tok, tokens, block_end_ok: bool):
     raise AssertionError("no usable split in this output")
 
 
-@pytest.mark.parametrize("kind", DRAFTERS)
+@pytest.mark.parametrize("kind", core(DRAFTERS, ["early_exit", "model_self"]))
 def test_stop_string_split_across_two_accepted_tokens(tiny, tok, plain_greedy, kind):
     """A stop string spanning tokens k and k + 1 ends the output at token k + 1, its text
     just before the stop string, the same for plain and speculative decoding. With

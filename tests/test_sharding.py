@@ -35,6 +35,7 @@ from jaxspec.models import axes
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from sharded_cases import CASES, EXPLICIT_CASE, MULTI_CASES, ORBAX_CASE  # noqa: E402
+from ci import core  # noqa: E402  (tests/ci.py: the cases CI runs; the rest are slow)
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
        "JAX_PLATFORMS": "cpu"}
@@ -51,14 +52,25 @@ def checkpoint(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("sharded") / "ckpt")
 
 
+# CI's cases: plain decoding on 1x8, each chain drafter at batch 4 over both axes (a draft model
+# also split over `model`), every family switch with logprobs, a tree, lookahead and the gate;
+# the rest (~20 s each on 2 cores) are slow (tests/ci.py).
+CI_CASES = ["1x8-plain-b1", "4x2-ngram-b4", "2x4-early_exit-b4", "4x2-model-b4", "1x8-model_sharded-b4",
+            "2x4-families-logprobs-b4", "2x4-model_tree-b4", "2x4-lookahead-b4", "2x4-early_exit_gated-b4"]
+
+
 @pytest.fixture(scope="module")
-def single(checkpoint) -> dict:
-    """Every case of ``sharded_cases.CASES`` on one 8-device process (~390 s on 2 CPU cores)."""
-    cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "single", checkpoint]
+def single(checkpoint, request) -> dict:
+    """``CI_CASES`` and the other cases of ``sharded_cases.CASES`` that the session selected
+    (``-m slow``) on one 8-device process (~390 s on 2 CPU cores for all of them)."""
+    names = sorted(set(CI_CASES) | {item.callspec.params["name"] for item in request.session.items
+                                    if item.originalname in ("test_mesh_gives_unsharded_tokens",
+                                                             "test_one_program_per_generate")})
+    cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "single", checkpoint, *names]
     return _json(subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1800))
 
 
-@pytest.mark.parametrize("name", [c.name for c in CASES])
+@pytest.mark.parametrize("name", core([c.name for c in CASES], CI_CASES))
 def test_mesh_gives_unsharded_tokens(single, name):
     """Tokens and per-row accepted/drafted counts equal the unsharded run's, row by row."""
     case = single["cases"][name]
@@ -76,16 +88,16 @@ def test_mesh_gives_unsharded_tokens(single, name):
         assert case["sharded"]["top_ids"] == case["ref"]["top_ids"]
 
 
-def _reuses_an_earlier_program(case) -> bool:
+def _reuses_an_earlier_program(case, ran) -> bool:
     """An earlier case has the same program: same mesh, drafter and settings shapes, and the
     same batch once padded to a multiple of ``data``."""
     key = lambda c: (c.mesh, c.drafter, c.shard_drafter, c.config, c.logprobs, c.gate is None,  # noqa: E731
                      -(-c.batch // c.mesh[0]))
-    earlier = CASES[: CASES.index(case)]
+    earlier = [c for c in CASES[: CASES.index(case)] if c.name in ran]
     return any(key(c) == key(case) for c in earlier)
 
 
-@pytest.mark.parametrize("name", [c.name for c in CASES])
+@pytest.mark.parametrize("name", core([c.name for c in CASES], CI_CASES))
 def test_one_program_per_generate(single, name):
     """Prefill and the whole draft-verify loop are one compiled program under the mesh: each
     sharded call compiles exactly one executable (or reuses the one an earlier case compiled
@@ -93,7 +105,7 @@ def test_one_program_per_generate(single, name):
     > 1, the tensor-parallel all-reduces and the logits all-gather."""
     case = next(c for c in CASES if c.name == name)
     sharded = single["cases"][name]["sharded"]
-    if _reuses_an_earlier_program(case):  # batch 4 pads to batch 1's rows on a 4x2 or 8x1 mesh
+    if _reuses_an_earlier_program(case, single["cases"]):  # batch 4 pads to batch 1's rows on a 4x2 or 8x1 mesh
         assert sharded["new_programs"] == 0
         return
     assert sharded["new_programs"] == 1

@@ -11,6 +11,7 @@ import pytest
 
 import jaxspec
 from conftest import smollm2
+from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, then explain it.",
@@ -45,7 +46,7 @@ def test_plain_output_is_text():
     assert base.metrics.tau == 1.0
 
 
-@pytest.mark.parametrize("name", ["ngram", "early-exit", "model"])
+@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["ngram", "model"]))
 def test_speculative_greedy_equals_plain(name):
     drafter, drafter_params = drafters()[name]
     base = plain()
@@ -83,7 +84,7 @@ def plain_with_settings():
     return free, settings, jaxspec.generate(model, PROMPTS, chat=True, max_new_tokens=NEW_TOKENS, **settings)
 
 
-@pytest.mark.parametrize("name", ["ngram", "early-exit", "model"])
+@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["model"]))
 def test_speculative_greedy_with_settings_equals_plain(name):
     """Penalised greedy decoding with a stop string and a stop id: the speculative tokens,
     texts, finish reasons and logprobs equal plain decoding's (logprobs within 1e-4: the

@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
 
 PINNED = json.load(open(os.path.join(os.path.dirname(__file__), "data", "pinned_chains.json")))
 
@@ -149,7 +150,7 @@ def tok():
 CASES = [(kind, 3) for kind in TREE_DRAFTERS] + [("shaped", 1), ("ngram_tree", 1)]
 
 
-@pytest.mark.parametrize("kind,batch", CASES)
+@pytest.mark.parametrize("kind,batch", core(CASES, [("model_tree", 3), ("self_tree", 3), ("shaped", 3), ("ngram_tree", 1)]))
 def test_greedy_tree_equals_plain(tiny, tok, kind, batch):
     """Invariant 1 for trees: greedy output == plain greedy output for every drafter in tree
     mode (a different topology per row for ``shaped``), plain, with penalties (counted along
