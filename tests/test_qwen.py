@@ -95,6 +95,7 @@ def test_draft_config_and_file():
     assert kinds == {"F32", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}, kinds
 
 
+@pytest.mark.slow  # loads the 0.5B draft (~1 min on 2 cores), as the other draft tests
 def test_tokenizer_and_chat_template():
     tok = load(DRAFT).tokenizer
     text = tok.apply_chat_template([{"role": "user", "content": "Write hello world in Python."}])
