@@ -421,6 +421,7 @@ def test_decode_loop_does_not_copy_the_cache(tiny, inputs_factory, kind):
     assert shape in hlo
     assert _while_body_copies(hlo, shape) == 0
 
+
 def test_generate_runs_one_program_and_one_transfer(tiny, monkeypatch):
     """A warm ``generate`` call runs exactly one compiled program, which returns one result
     pytree (``api.Output``), and brings all of it to the host with exactly one

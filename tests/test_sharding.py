@@ -35,7 +35,7 @@ from jaxspec.models import axes
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from sharded_cases import CASES, EXPLICIT_CASE, MULTI_CASES, ORBAX_CASE  # noqa: E402
-from ci import core  # noqa: E402  (tests/ci.py: the cases CI runs; the rest are slow)
+from ci import core  # noqa: E402  (tests/ci.py: the cases CI runs)
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
        "JAX_PLATFORMS": "cpu"}
