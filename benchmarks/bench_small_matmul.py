@@ -1,6 +1,8 @@
 """Why a T-token verify costs more than a 1-token pass on a CPU: the cost of one
 ``x [T, K] @ W [K, N]`` float32 product for T = 1, 2, 5, 9 with XLA (``jax.jit``) and with
-numpy's BLAS, at the shape of Qwen2.5-Coder-1.5B's MLP (K 1536, N 8960).
+numpy's BLAS, at the shape of Qwen2.5-Coder-1.5B's MLP (K 1536, N 8960). Column ``jax_nk``: the
+same product with the weights stored ``[N, K]`` (PyTorch's ``nn.Linear`` layout, the one GGUF and
+safetensors files hold) and contracted on their minor axis, as ``x @ W.T``.
 
 Four distinct matrices (220 MB) are multiplied per call so that none stays in cache, as in a
 forward pass; each figure is the median over ``--reps`` calls, per matrix, with the widths
@@ -45,8 +47,12 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     mats = [rng.standard_normal((args.k, args.n), dtype=np.float32) for _ in range(4)]
     dev = [jnp.asarray(m) for m in mats]
+    dev_nk = [jnp.asarray(np.ascontiguousarray(m.T)) for m in mats]
     f = jax.jit(lambda x, ms: [x @ m for m in ms])
-    runs = {"jax": lambda x: jax.block_until_ready(f(x, dev)), "numpy": lambda x: [x @ m for m in mats]}
+    f_nk = jax.jit(lambda x, ms: [jax.lax.dot_general(x, m, (((1,), (1,)), ((), ()))) for m in ms])
+    runs = {"jax": lambda x: jax.block_until_ready(f(x, dev)),
+            "jax_nk": lambda x: jax.block_until_ready(f_nk(x, dev_nk)),
+            "numpy": lambda x: [x @ m for m in mats]}
     xs = {t: np.ones((t, args.k), np.float32) for t in WIDTHS}
     times = {(lib, t): [] for lib in runs for t in WIDTHS}
     for lib, run in runs.items():

@@ -5,9 +5,20 @@
 # and output identity with plain decoding on a real model. The model reaches the machine in
 # parts over several calls (benchmarks/device_carry.py prepare prints them); this is the last.
 # Writes the spec_bench JSON/Markdown/plots and a log under $OUT. Settings by environment:
-# METHODS, PER_CATEGORY, MAX_NEW_TOKENS, SPEC_BENCH_TIMEOUT (s), SPEC_BENCH_EXTRA (more flags).
+# METHODS, PER_CATEGORY, MAX_NEW_TOKENS, SPEC_BENCH_TIMEOUT (s, 0: skip), SPEC_BENCH_EXTRA (more flags).
+#
+# TRAIN_EAGLE=N (issue 11) first trains an EAGLE-3 head on the target's answers to N Magpie
+# queries (train-eagle --magpie N, seed TRAIN_SEED, default 1: not the 1000 queries of seed 0
+# that ship), TRAIN_STEPS steps (TRAIN_WARMUP of warmup) of TRAIN_BATCH sequences, within
+# TRAIN_TIMEOUT s; GEN_BATCH prompts per generate call. What comes back under $OUT: the
+# answers, gzipped (eagle_sequences.json.gz: train on them anywhere with --sequences; written
+# before the features, so they come back even if training runs out of time) and the head in
+# bfloat16 (eagle_head.tgz, with train.json; 15 MB of the 16 MiB a returned file may hold). Size N and the steps so that
+# the call ends within its 10 minutes, compiles included. The target runs in the device's default
+# dtype (bfloat16) there: its answers and features are bfloat16 ones.
 #
 #   bash benchmarks/device_smollm2.sh       # from the repository root, on the device machine
+#   TRAIN_EAGLE=8000 SPEC_BENCH_TIMEOUT=0 bash benchmarks/device_smollm2.sh
 set -u -o pipefail
 OUT=${OUT:-/tmp/device_smollm2}
 mkdir -p "$OUT"
@@ -18,12 +29,30 @@ export PYTHONUNBUFFERED=1
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/gguf-*.whl || exit 1
   PYTHONPATH=. $PY benchmarks/device_carry.py assemble --site /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:.
-  # every prompt (<= 769 tokens with the chat template) in one prompt bucket: one program per method
-  timeout ${SPEC_BENCH_TIMEOUT:-420} $PY benchmarks/spec_bench.py --model smollm2-135m \
-    --questions .devcarry/question.jsonl --per-category ${PER_CATEGORY:-1} --code-prompt \
-    --max-new-tokens ${MAX_NEW_TOKENS:-128} --reps 2 --prompt-bucket 832 --no-compile-cache \
-    --methods ${METHODS:-plain,ngram_g4,ngram_g16_s4_b2,eagle_g4,eagle_g4_n8_k2,medusa_g3,lookahead_w5_n4_g5} \
-    --out "$OUT/spec_bench_smollm2_device" ${SPEC_BENCH_EXTRA:-}
-  echo "== spec_bench rc $?"
+  if [ "${TRAIN_EAGLE:-0}" -gt 0 ]; then
+    run=/tmp/eagle_device
+    rm -rf "$run"
+    timeout ${TRAIN_TIMEOUT:-480} $PY -m checkpoints_tools train-eagle --model smollm2-135m --out "$run" \
+      --magpie "$TRAIN_EAGLE" --seed ${TRAIN_SEED:-1} --gen-batch ${GEN_BATCH:-256} --max-new-tokens 128 \
+      --steps ${TRAIN_STEPS:-3000} --batch ${TRAIN_BATCH:-32} --warmup ${TRAIN_WARMUP:-100} --save-every ${TRAIN_STEPS:-3000} \
+      --eval-every 500 --no-progress
+    echo "== train-eagle rc $?"
+    [ -f "$run/sequences.json" ] && gzip -c "$run/sequences.json" > "$OUT/eagle_sequences.json.gz"
+    if [ -d "$run/head" ]; then
+      $PY -m checkpoints_tools convert-head "$run/head" "$run/head-bf16" \
+        && tar czf "$OUT/eagle_head.tgz" -C "$run" head-bf16 train.json
+    fi
+    ls -l "$OUT"
+    date -u
+  fi
+  if [ "${SPEC_BENCH_TIMEOUT:-420}" -gt 0 ]; then
+    # every prompt (<= 769 tokens with the chat template) in one prompt bucket: one program per method
+    timeout ${SPEC_BENCH_TIMEOUT:-420} $PY benchmarks/spec_bench.py --model smollm2-135m \
+      --questions .devcarry/question.jsonl --per-category ${PER_CATEGORY:-1} --code-prompt \
+      --max-new-tokens ${MAX_NEW_TOKENS:-128} --reps 2 --prompt-bucket 832 --no-compile-cache \
+      --methods ${METHODS:-plain,ngram_g4,ngram_g16_s4_b2,eagle_g4,eagle_g4_n8_k2,medusa_g3,lookahead_w5_n4_g5} \
+      --out "$OUT/spec_bench_smollm2_device" ${SPEC_BENCH_EXTRA:-}
+    echo "== spec_bench rc $?"
+  fi
   date -u
 } 2>&1 | tee "$OUT/log.txt"

@@ -130,6 +130,34 @@ def test_trained_head_drafts_better_and_stays_exact(tiny, trained):
     assert accepted["trained"] > 2 * accepted["untrained"] + 10, accepted
 
 
+def test_head_confidence_scores_the_drafts_the_engine_makes(tiny, trained, bench_module):
+    """benchmarks/head_confidence.py scores each answer position's first draft from one
+    teacher-forced pass; replaying a greedy chain of gamma 1 with its hits (a step at committed
+    length L accepts iff the hit of entry L - 2 holds, then moves 2 tokens, else 1) must give
+    the engine's accepted count per row. With the trained head most rows accept several drafts,
+    so a hit scored one entry off (the token paired with the wrong feature) would not add up."""
+    out, model, _ = trained
+    drafter, dparams = jaxspec.load_eagle_head(os.path.join(out, "head"), model, gamma=1)
+    prompts = _prompts(tiny)[:4]
+    plain = jaxspec.generate(model, prompts, max_new_tokens=tiny.max_new).tokens
+    spec = jaxspec.generate(model, prompts, drafter=drafter, drafter_params=dparams, max_new_tokens=tiny.max_new,
+                            disable_by_acceptance=None)
+    assert spec.tokens == plain
+    head_confidence = bench_module("head_confidence")
+    for b, (prompt, answer) in enumerate(zip(prompts, plain)):
+        seq, first = prompt + answer, len(prompt) - 1  # entry of the first answer position
+        p_max, top1, topk, want = head_confidence.position_stats(model, drafter, dparams, seq, len(prompt), 3)
+        assert len(p_max) == len(answer) - 1 and np.all((p_max > 0) & (p_max <= 1)) and np.all(topk[top1])
+        assert want.tolist() == seq[first + 2:]  # greedy text: the target's argmax is the token after next
+        length, accepted = len(prompt) + 1, 0
+        while length < len(seq):
+            hit = bool(top1[length - 2 - first])
+            accepted += hit
+            length += 1 + hit
+        assert accepted == spec.metrics.accepted[b], (b, accepted, spec.metrics.accepted)
+    assert spec.metrics.accepted.sum() >= 8, spec.metrics.accepted
+
+
 def test_answer_window_losses_equal_every_position_losses(tiny, trained):
     """The output head over each row's answer window only (``span``) gives the losses,
     agreements and gradients of the output head over every position: the positions it skips
