@@ -7,15 +7,16 @@
 # Writes the spec_bench JSON/Markdown/plots and a log under $OUT. Settings by environment:
 # METHODS, PER_CATEGORY, MAX_NEW_TOKENS, SPEC_BENCH_TIMEOUT (s, 0: skip), SPEC_BENCH_EXTRA (more flags).
 #
-# TRAIN_EAGLE=N (issue 11) first trains an EAGLE-3 head on the target's answers to N Magpie
-# queries (train-eagle --magpie N, seed TRAIN_SEED, default 1: not the 1000 queries of seed 0
-# that ship), TRAIN_STEPS steps (TRAIN_WARMUP of warmup) of TRAIN_BATCH sequences, within
-# TRAIN_TIMEOUT s; GEN_BATCH prompts per generate call. What comes back under $OUT: the
-# answers, gzipped (eagle_sequences.json.gz: train on them anywhere with --sequences; written
-# before the features, so they come back even if training runs out of time) and the head in
-# bfloat16 (eagle_head.tgz, with train.json; 15 MB of the 16 MiB a returned file may hold). Size N and the steps so that
-# the call ends within its 10 minutes, compiles included. The target runs in the device's default
-# dtype (bfloat16) there: its answers and features are bfloat16 ones.
+# TRAIN_EAGLE=N (issue 11) first trains an EAGLE-3 head: the target answers N Magpie queries
+# (train-eagle --magpie N --answers-only, seed TRAIN_SEED, default 1: not the 1000 queries of
+# seed 0 that ship; GEN_BATCH prompts per generate call; within ANSWER_TIMEOUT s), then a head
+# trains on those answers (TRAIN_STEPS steps, TRAIN_WARMUP of warmup, TRAIN_BATCH sequences a
+# step; within TRAIN_TIMEOUT s). What comes back under $OUT: the answers, gzipped, as soon as
+# they exist (eagle_sequences.json.gz: train on them anywhere with --sequences) and the head in
+# bfloat16 (eagle_head.tgz, with train.json; 15 MB of the 16 MiB a returned file may hold; none
+# if training ran out of time: the head is written at its last step). Size N and the steps so
+# that the whole call ends within its limit (10 minutes at most), compiles included. The target
+# runs in the device's default dtype (bfloat16) there: its answers and features are bfloat16 ones.
 #
 #   bash benchmarks/device_smollm2.sh       # from the repository root, on the device machine
 #   TRAIN_EAGLE=8000 SPEC_BENCH_TIMEOUT=0 bash benchmarks/device_smollm2.sh
@@ -31,13 +32,21 @@ export PYTHONUNBUFFERED=1
   export PYTHONPATH=/tmp/site:.
   if [ "${TRAIN_EAGLE:-0}" -gt 0 ]; then
     run=/tmp/eagle_device
-    rm -rf "$run"
-    timeout ${TRAIN_TIMEOUT:-480} $PY -m checkpoints_tools train-eagle --model smollm2-135m --out "$run" \
+    rm -rf "$run" "$run-answers"
+    # the answers first, in their own run, so that they come back even if training runs out of time
+    timeout ${ANSWER_TIMEOUT:-240} $PY -m checkpoints_tools train-eagle --model smollm2-135m --out "$run-answers" \
       --magpie "$TRAIN_EAGLE" --seed ${TRAIN_SEED:-1} --gen-batch ${GEN_BATCH:-256} --max-new-tokens 128 \
-      --steps ${TRAIN_STEPS:-3000} --batch ${TRAIN_BATCH:-32} --warmup ${TRAIN_WARMUP:-100} --save-every ${TRAIN_STEPS:-3000} \
-      --eval-every 500 --no-progress
-    echo "== train-eagle rc $?"
-    [ -f "$run/sequences.json" ] && gzip -c "$run/sequences.json" > "$OUT/eagle_sequences.json.gz"
+      --answers-only --no-progress
+    echo "== answers rc $?"
+    [ -f "$run-answers/sequences.json" ] && gzip -c "$run-answers/sequences.json" > "$OUT/eagle_sequences.json.gz"
+    date -u
+    if [ -f "$run-answers/sequences.json" ]; then
+      timeout ${TRAIN_TIMEOUT:-240} $PY -m checkpoints_tools train-eagle --model smollm2-135m --out "$run" \
+        --sequences "$run-answers/sequences.json" --seed ${TRAIN_SEED:-1} --gen-batch ${GEN_BATCH:-256} \
+        --steps ${TRAIN_STEPS:-3000} --batch ${TRAIN_BATCH:-32} --warmup ${TRAIN_WARMUP:-100} \
+        --save-every ${TRAIN_STEPS:-3000} --eval-every 500 --no-progress
+      echo "== train-eagle rc $?"
+    fi
     if [ -d "$run/head" ]; then
       $PY -m checkpoints_tools convert-head "$run/head" "$run/head-bf16" \
         && tar czf "$OUT/eagle_head.tgz" -C "$run" head-bf16 train.json

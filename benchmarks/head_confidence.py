@@ -17,11 +17,13 @@ SmolLM2 head that ships it is the other way round (README, "Where the head loses
 acceptance"): the same p_max on every set, half the agreement on prompts of an unseen kind.
 
     PYTHONPATH=. python benchmarks/head_confidence.py \
+        --training-files checkpoints_tools/data/smollm2-135m-answers.json,checkpoints_tools/data/smollm2-135m-instruct-answers.json \
         --set trained=checkpoints_tools/data/smollm2-135m-instruct-answers.json \
         --set unseen=checkpoints_tools/data/smollm2-135m-instruct2-answers.json \
         --set magpie=checkpoints_tools/data/smollm2-135m-magpie-answers.json
 
-(the shipped SmolLM2 head trained on 90% of the first file's rows and on none of the others').
+(the shipped SmolLM2 head's training files, in their order: a ``--set`` file among them keeps
+only the rows that the training run's seeded split trained on, ``train_eagle.split_indices``).
 
 Writes ``--out``.json (machine, versions, command, per set: positions, mean p_max, per bin
 share / agreement / top-k coverage). Counts only: the machine's load does not move them.
@@ -96,6 +98,21 @@ def summarize(p_max, top1, topk) -> dict:
             "agreement": round(float(np.mean(top1)), 3), "topk_coverage": round(float(np.mean(topk)), 3), "bins": bins}
 
 
+def training_rows(files: list[str], target_params, seed: int, holdout: float) -> dict:
+    """``{absolute path: sorted row indices}``: the rows of each training file that a training
+    run over ``files`` concatenated in this order, with ``seed`` and ``holdout``, trained on
+    (its held-out rows left out: ``checkpoints_tools.train_eagle.split_indices``)."""
+    from checkpoints_tools import drafter_data, train_eagle
+
+    sizes = [len(drafter_data.load_sequences(f, target_params)) for f in files]
+    train, _ = train_eagle.split_indices(sum(sizes), train_eagle.TrainConfig(seed=seed, holdout=holdout))
+    out, start = {}, 0
+    for f, n in zip(files, sizes):
+        out[os.path.abspath(f)] = [int(i) - start for i in train if start <= i < start + n]
+        start += n
+    return out
+
+
 def main(argv=None) -> int:
     import numpy as np
 
@@ -108,6 +125,10 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=FILE",
                     help="a set of prompts: the first --n of FILE (answered sequences, train-eagle's "
                          "OUT/sequences.json form); repeatable; Spec-Bench is always the last set")
+    ap.add_argument("--training-files", default="", help="comma-separated: the head's training --sequences "
+                    "files in their order; rows of them that the training split held out are left out of --set files")
+    ap.add_argument("--seed", type=int, default=0, help="the training run's --seed (its split)")
+    ap.add_argument("--holdout", type=float, default=0.1, help="the training run's --holdout")
     ap.add_argument("--n", type=int, default=26, help="prompts per --set")
     ap.add_argument("--per-category", type=int, default=2, help="Spec-Bench questions per category")
     ap.add_argument("--topk", type=int, default=4, help="k of the top-k coverage")
@@ -120,12 +141,16 @@ def main(argv=None) -> int:
     model = jaxspec.load(args.model)
     head = args.head or jaxspec.shipped_head(args.model, "eagle3")
     drafter, head_params = jaxspec.load_eagle_head(head, model)
+    trained_rows = training_rows([f for f in args.training_files.split(",") if f], model.params, args.seed,
+                                 args.holdout)
     sets = {}
     for item in args.set:
         name, sep, path = item.partition("=")
         if not sep or not name or name == "spec_bench":
             raise SystemExit(f"error: --set {item!r}: expected NAME=FILE with a NAME other than spec_bench")
-        sets[name] = [ids[:n_prompt] for ids, n_prompt in drafter_data.load_sequences(path, model.params)[: args.n]]
+        seqs = drafter_data.load_sequences(path, model.params)
+        rows = trained_rows.get(os.path.abspath(path), range(len(seqs)))
+        sets[name] = [seqs[i][0][: seqs[i][1]] for i in list(rows)[: args.n]]
     tok = model.tokenizer
     sets["spec_bench"] = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]), add_bos=False)
                           for q in load_questions(QUESTIONS, args.per_category)]
