@@ -84,6 +84,9 @@ def position_stats(model, drafter, head_params, seq: list[int], n_prompt: int, t
 
 
 def summarize(p_max, top1, topk) -> dict:
+    """Positions, mean p_max, agreement and top-k coverage overall and per ``BINS`` bin of p_max
+    (share of positions, agreement, coverage; None for an empty bin) of ``position_stats``'
+    arrays, concatenated over a set."""
     import numpy as np
 
     bins = []
@@ -117,7 +120,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     import jaxspec
-    from checkpoints_tools import drafter_data
+    from checkpoints_tools import drafter_data, train_eagle
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -127,8 +130,9 @@ def main(argv=None) -> int:
                          "OUT/sequences.json form); repeatable; Spec-Bench is always the last set")
     ap.add_argument("--training-files", default="", help="comma-separated: the head's training --sequences "
                     "files in their order; rows of them that the training split held out are left out of --set files")
-    ap.add_argument("--seed", type=int, default=0, help="the training run's --seed (its split)")
-    ap.add_argument("--holdout", type=float, default=0.1, help="the training run's --holdout")
+    ap.add_argument("--seed", type=int, default=train_eagle.TrainConfig.seed, help="the training run's --seed")
+    ap.add_argument("--holdout", type=float, default=train_eagle.TrainConfig.holdout,
+                    help="the training run's --holdout")
     ap.add_argument("--n", type=int, default=26, help="prompts per --set")
     ap.add_argument("--per-category", type=int, default=2, help="Spec-Bench questions per category")
     ap.add_argument("--topk", type=int, default=4, help="k of the top-k coverage")
