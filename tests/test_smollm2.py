@@ -46,7 +46,8 @@ def test_plain_output_is_text():
     assert base.metrics.tau == 1.0
 
 
-@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["ngram", "model"]))
+# CI: n-gram (EAGLE-3 runs in CI below and in the notebook; the draft model and early exit on the tiny models)
+@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["ngram"]))
 def test_speculative_greedy_equals_plain(name):
     drafter, drafter_params = drafters()[name]
     base = plain()
@@ -84,7 +85,7 @@ def plain_with_settings():
     return free, settings, jaxspec.generate(model, PROMPTS, chat=True, max_new_tokens=NEW_TOKENS, **settings)
 
 
-@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["model"]))
+@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["ngram"]))
 def test_speculative_greedy_with_settings_equals_plain(name):
     """Penalised greedy decoding with a stop string and a stop id: the speculative tokens,
     texts, finish reasons and logprobs equal plain decoding's (logprobs within 1e-4: the
@@ -111,20 +112,24 @@ def test_speculative_greedy_with_settings_equals_plain(name):
 TAU_FLOOR = 1.6
 
 
-def test_shipped_eagle_head_greedy_equals_plain():
+EAGLE_SHAPES = {"chain": dict(gamma=4), "tree": dict(gamma=4, tree_nodes=8, branching=2)}
+
+
+# CI: the tree (the chain of the same head runs in CI in colab/quickstart.ipynb, identity with plain asserted)
+@pytest.mark.parametrize("shape", core(EAGLE_SHAPES, ["tree"]))
+def test_shipped_eagle_head_greedy_equals_plain(shape):
     """Issue 11: the EAGLE-3 head that ships for SmolLM2 (``jaxspec/shipped_heads``, bfloat16,
     trained as the README says) loads for the packaged model and, as a chain and as an EAGLE-2
     tree, gives plain decoding's output on the 3 prompts, with drafts accepted: tau above
     TAU_FLOOR (measured on these prompts: see the constant)."""
     model = smollm2()
-    path = jaxspec.shipped_head("smollm2-135m", "eagle3")
-    base = plain()
-    for kw in (dict(gamma=4), dict(gamma=4, tree_nodes=8, branching=2)):
-        drafter, dparams = jaxspec.load_eagle_head(path, model, **kw)
-        spec = jaxspec.generate(model, PROMPTS, chat=True, max_new_tokens=NEW_TOKENS, drafter=drafter,
-                                drafter_params=dparams)
-        assert spec.tokens == base.tokens, kw
-        assert spec.metrics.tau > TAU_FLOOR, (kw, spec.metrics.tau)
+    drafter, dparams = jaxspec.load_eagle_head(jaxspec.shipped_head("smollm2-135m", "eagle3"), model,
+                                               **EAGLE_SHAPES[shape])
+    spec = jaxspec.generate(model, PROMPTS, chat=True, max_new_tokens=NEW_TOKENS, drafter=drafter,
+                            drafter_params=dparams)
+    assert spec.tokens == plain().tokens
+    assert spec.metrics.tau > TAU_FLOOR, spec.metrics.tau
+
 
 # Measured on these prompts (2026-12-02, CPU float32): tau 1.73 for the (2, 2, 1) tree; 1.3: room as TAU_FLOOR's.
 MEDUSA_TAU_FLOOR = 1.3
