@@ -52,9 +52,9 @@ def checkpoint(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("sharded") / "ckpt")
 
 
-# CI's cases: plain decoding on 1x8, the n-gram and draft-model chains at batch 4 (the draft model
-# split over `model` too, and as a tree on 2x4), every family switch with logprobs, lookahead and
-# early exit with the gate; the rest (~20-35 s each on 2 cores) are slow (tests/ci.py).
+# CI's cases: plain decoding on 1x8, the n-gram chain and the draft model (a chain split over
+# `model`, a tree on 2x4) at batch 4, every family switch with logprobs, lookahead and early exit
+# with the gate; the rest (~20-35 s each on 2 cores) are slow (tests/ci.py).
 CI_CASES = ["1x8-plain-b1", "4x2-ngram-b4", "1x8-model_sharded-b4",
             "2x4-families-logprobs-b4", "2x4-model_tree-b4", "2x4-lookahead-b4", "2x4-early_exit_gated-b4"]
 
@@ -116,9 +116,9 @@ def test_one_program_per_generate(single, name):
 
 def test_sharded_cases_accept_drafts(single):
     """The comparison covers multi-token commits: with the noisy-target drafter and early exit
-    (``-m slow``), every batch-4 row accepts drafts (seen: 5-8 of 10 tokens per row); the tree
-    of the noisy-target drafter and the gated early exit accept some (seen: 6, 6, 0, 1)."""
-    for name in ("1x8-model_sharded-b4", "2x4-early_exit-b4"):
+    (``-m slow``), every batch-4 row accepts drafts (seen: 3-7 of 10 tokens per row); the tree
+    of the noisy-target drafter and the gated early exit accept some (seen: 6, 6, 0, 1 and 3, 0, 7, 3)."""
+    for name in ("1x8-model_sharded-b4", "4x2-model-b4", "2x4-early_exit-b4"):
         if name in single["cases"]:
             assert min(single["cases"][name]["sharded"]["accepted"]) > 0, name
     for name in ("2x4-model_tree-b4", "2x4-early_exit_gated-b4"):

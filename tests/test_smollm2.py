@@ -46,7 +46,7 @@ def test_plain_output_is_text():
     assert base.metrics.tau == 1.0
 
 
-# CI: n-gram (EAGLE-3 runs in CI below and in the notebook; the draft model and early exit on the tiny models)
+# CI: n-gram (the draft model runs in CI in the settings test below, EAGLE-3 below and in the notebook)
 @pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["ngram"]))
 def test_speculative_greedy_equals_plain(name):
     drafter, drafter_params = drafters()[name]
@@ -85,7 +85,8 @@ def plain_with_settings():
     return free, settings, jaxspec.generate(model, PROMPTS, chat=True, max_new_tokens=NEW_TOKENS, **settings)
 
 
-@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["ngram"]))
+# CI: the draft model (with the penalties the n-gram lookup finds no match on these prompts: it drafts nothing)
+@pytest.mark.parametrize("name", core(["ngram", "early-exit", "model"], ["model"]))
 def test_speculative_greedy_with_settings_equals_plain(name):
     """Penalised greedy decoding with a stop string and a stop id: the speculative tokens,
     texts, finish reasons and logprobs equal plain decoding's (logprobs within 1e-4: the
@@ -101,6 +102,8 @@ def test_speculative_greedy_with_settings_equals_plain(name):
     assert spec.tokens == base.tokens
     assert spec.texts == base.texts
     assert spec.finish_reasons == base.finish_reasons and spec.stop_reasons == base.stop_reasons
+    if not drafter.capabilities.abstains:  # n-gram lookup finds no match under these penalties (drafts nothing)
+        assert int(spec.metrics.accepted.sum()) > 0, "no draft was accepted: the comparison would be vacuous"
     for a, b in zip(spec.logprobs, base.logprobs):
         np.testing.assert_allclose(a, b, atol=1e-4)
 
@@ -115,7 +118,8 @@ TAU_FLOOR = 1.6
 EAGLE_SHAPES = {"chain": dict(gamma=4), "tree": dict(gamma=4, tree_nodes=8, branching=2)}
 
 
-# CI: the tree (the chain of the same head runs in CI in colab/quickstart.ipynb, identity with plain asserted)
+# CI: the tree (the chain of the same head runs in CI in colab/quickstart.ipynb: one prompt, identity with plain
+# asserted, no tau floor)
 @pytest.mark.parametrize("shape", core(EAGLE_SHAPES, ["tree"]))
 def test_shipped_eagle_head_greedy_equals_plain(shape):
     """Issue 11: the EAGLE-3 head that ships for SmolLM2 (``jaxspec/shipped_heads``, bfloat16,
