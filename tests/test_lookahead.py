@@ -298,13 +298,13 @@ def drop_sampling_programs():
     _PROGRAMS.clear()
 
 
-def _lookahead_counts(inputs_factory, td, drafter, settings, seed, fresh=False):
-    """Counts of the ``td.N`` sampled 3-token continuations (the harness of
+def _lookahead_counts(inputs_factory, td, drafter, settings, seed, fresh=False, n=None):
+    """Counts of ``n`` (default ``td.N``) sampled 3-token continuations (the harness of
     ``test_distribution``), and the fractions of rows that accepted a candidate and that were
     offered some but accepted none. ``fresh``: trace anew (a patched rule) instead of reusing
     the program compiled for ``drafter``."""
     params = td.decoder.init_params(td.TARGET, jax.random.key(td.TARGET_SEED), scale=1.0)
-    inputs = inputs_factory([td.PROMPT] * td.N, max_new_tokens=td.N_NEW, seed=seed, vocab_size=td.V, **settings)
+    inputs = inputs_factory([td.PROMPT] * (n or td.N), max_new_tokens=td.N_NEW, seed=seed, vocab_size=td.V, **settings)
     fn = None if fresh else _PROGRAMS.get(drafter)
     if fn is None:
         fn = jax.jit(functools.partial(engine.run_program, config=td.TARGET, drafter=drafter, max_len=td.MAX_LEN))
@@ -342,14 +342,15 @@ def test_lookahead_sampling_matches_target(inputs_factory, name):
 
 
 def test_lookahead_wrong_sibling_rule_is_detected(inputs_factory, monkeypatch):
-    """The same test rejects lookahead sampling whose rejected candidate stays in the
-    residual (``lade`` without its ``probs_next[draft_guess] = 0``): the candidate can then
-    be emitted again, at probability r(c) (2 - r(c)) instead of r(c)."""
+    """The same test (on ``td.N_DETECT`` rows) rejects lookahead sampling whose rejected
+    candidate stays in the residual (``lade`` without its ``probs_next[draft_guess] = 0``):
+    the candidate can then be emitted again, at probability r(c) (2 - r(c)) instead of r(c)."""
     import test_distribution as td
 
     monkeypatch.setattr(acceptance, "accept", td._wrong_tree_accept("sibling_kept"))
     d = jaxspec.LookaheadDrafter(**SAMPLING)
     counts, _, _ = _lookahead_counts(inputs_factory, td, d, td.SETTINGS["T=1"], td.SEED_STRIDE * 62,
-                                  fresh=True)
-    p_value, info = td._check(counts, td._exact_probs(td.SETTINGS["T=1"]), "lookahead, rejected sibling kept")
+                                  fresh=True, n=td.N_DETECT)
+    p_value, info = td._check(counts, td._exact_probs(td.SETTINGS["T=1"]), "lookahead, rejected sibling kept",
+                              max_tv=None)
     assert p_value < td.ALPHA, f"the harness did not detect a wrong sibling rule: {info}"

@@ -201,9 +201,10 @@ def test_logprobs_spec_equals_plain_and_full_forward(tiny, kind):
 def test_processed_logprobs(tiny):
     """``logprobs_mode="processed"``: under greedy the chosen token has log-probability 0 (it
     is certain); under top-k 5 the five alternatives hold all the mass; raw logprobs differ."""
-    greedy = tiny.generate(tiny.prompts[:1], "ngram", 4, logprobs=2, logprobs_mode="processed")
+    # greedy and sampled rows run one program (the temperature is a value, not a shape)
+    greedy = tiny.generate(tiny.prompts[:1], "model_noisy", 4, logprobs=5, logprobs_mode="processed")
     assert all(lp == 0.0 for lp in greedy.logprobs[0])
-    assert all(alts[1][1] == -np.inf for alts in greedy.top_logprobs[0])
+    assert all(lp == -np.inf for alts in greedy.top_logprobs[0] for _, lp in alts[1:])
     r = tiny.generate(tiny.prompts[:1], "model_noisy", 4, logprobs=5, logprobs_mode="processed", temperature=1.0,
                       top_k=5, seed=1)
     for alts in r.top_logprobs[0]:
