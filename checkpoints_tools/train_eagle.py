@@ -52,6 +52,7 @@ from jaxspec.models.eagle3 import EagleConfig
 
 DATA_SETTINGS = ("draft_vocab", "soft_topk")  # the TrainConfig fields that OUT/data.npz depends on
 BATCH_FIELDS = ("tokens", "features", "soft_ids", "soft_p", "target_top", "loss_mask")  # a training batch's rows
+LM_HEAD_INITS = ("random", "target", "frozen")  # TrainConfig.lm_head
 SEQ_BUCKET = 64  # sequences are padded, and batches cut, to a multiple of this many tokens
 
 
@@ -75,6 +76,10 @@ class TrainConfig:
       group_by_length: draw each batch's rows from one length bucket (``row_lengths``), as
         Hugging Face's ``group_by_length`` does, so that a batch is cut to that bucket instead
         of the longest row of a random draw (``batch_indices``); False: uniform draws.
+      lm_head: how the EAGLE head's output layer starts (``LM_HEAD_INITS``): "random"; "target":
+        the target's output-head columns of the draft vocabulary and its final norm, then
+        trained; "frozen": those, never updated (SpecForge's shared-head variant keeps the
+        target's head frozen). Medusa heads always use the target's head.
     """
 
     draft_vocab: int = 8192
@@ -94,6 +99,7 @@ class TrainConfig:
     ffn_dim: int = 0
     soft_topk: int = 32
     group_by_length: bool = True
+    lm_head: str = "random"
 
     def check(self, vocab_size: int, medusa: bool = False) -> None:
         """Raise ``ValueError`` naming the setting and its limit (``medusa``: Medusa heads,
@@ -113,6 +119,8 @@ class TrainConfig:
         need(self.lr > 0 and self.clip > 0, f"--lr and --clip must be > 0, got {self.lr}, {self.clip}")
         need(0 < self.decay <= 1, f"--decay must be in (0, 1], got {self.decay}")
         need(0 <= self.holdout < 1, f"--holdout must be in [0, 1), got {self.holdout}")
+        need(self.lm_head in LM_HEAD_INITS,
+             f"--lm-head must be one of {', '.join(LM_HEAD_INITS)}, got {self.lm_head!r}")
 
 
 # ---------------------------------------------------------------------------- data
@@ -309,14 +317,29 @@ class EagleRecipe:
     config: EagleConfig
     unroll: int
     span: int = 0  # unrolled_losses' span: the output head only over each row's answer window
+    lm_head: str = "random"  # TrainConfig.lm_head
     kind = "eagle"
 
     @property
     def n_steps(self) -> int:
         return self.unroll
 
-    def init(self, key):
-        return eagle3.init_params(self.config, key, dtype=jnp.float32)
+    def init(self, key, target_params, d2t):
+        """A fresh head (``eagle3.init_params``); with ``lm_head`` "target" or "frozen" its
+        ``lm_head`` is the target's output head restricted to ``d2t`` (``[D, Vd]``) and its
+        ``norm`` the target's final norm (offset folded in: the head's norms have none)."""
+        head = eagle3.init_params(self.config, key, dtype=jnp.float32)
+        if self.lm_head == "random":
+            return head
+        t = self.config.target
+        out = target_params["embed"].T if t.tie_embeddings else target_params["lm_head"]
+        return {**head, "lm_head": jnp.asarray(out[:, np.asarray(d2t)], jnp.float32),
+                "norm": jnp.asarray(target_params["final_norm"], jnp.float32) + t.norm_offset}
+
+    @property
+    def frozen_keys(self) -> tuple[str, ...]:
+        """The head's entries that training leaves as initialised."""
+        return ("lm_head",) if self.lm_head == "frozen" else ()
 
     def frozen(self, target_params):
         return target_params["embed"]
@@ -340,13 +363,22 @@ def _loss(head, frozen, batch, recipe, decay):
     return jnp.sum(ce * decay ** jnp.arange(recipe.n_steps)), (ce, acc)
 
 
-def optimizer(cfg: TrainConfig):
-    """AdamW with linear warmup + cosine decay, after global-norm gradient clipping."""
+def optimizer(cfg: TrainConfig, frozen_keys: tuple[str, ...] = ()):
+    """AdamW with linear warmup + cosine decay, after global-norm gradient clipping; the
+    head's entries named in ``frozen_keys`` (a recipe's) get zero updates and no state."""
     import optax
 
     schedule = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup, cfg.steps, cfg.lr * cfg.final_lr_frac)
-    return optax.chain(optax.clip_by_global_norm(cfg.clip),
-                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay))
+    opt = optax.chain(optax.clip_by_global_norm(cfg.clip),
+                      optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=cfg.weight_decay))
+    if not frozen_keys:
+        return opt
+
+    def labels(head):
+        return {k: jax.tree_util.tree_map(lambda _: "frozen" if k in frozen_keys else "train", v)
+                for k, v in head.items()}
+
+    return optax.multi_transform({"train": opt, "frozen": optax.set_to_zero()}, labels)
 
 
 @functools.partial(jax.jit, static_argnames=("recipe", "cfg"), donate_argnums=(0, 1))
@@ -354,7 +386,7 @@ def _train_step(head, opt_state, frozen, batch, *, recipe, cfg):
     import optax
 
     (loss, (ce, acc)), grads = jax.value_and_grad(_loss, has_aux=True)(head, frozen, batch, recipe, cfg.decay)
-    updates, opt_state = optimizer(cfg).update(grads, opt_state, head)
+    updates, opt_state = optimizer(cfg, recipe.frozen_keys).update(grads, opt_state, head)
     return optax.apply_updates(head, updates), opt_state, loss, ce, acc
 
 
@@ -537,19 +569,20 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
     cfg.check(target_config.vocab_size, medusa=recipe is not None and recipe.kind == "medusa")
     if recipe is None:
         recipe = EagleRecipe(EagleConfig(target_config, cfg.draft_vocab, ffn_dim=cfg.ffn_dim), cfg.unroll,
-                             span=answer_span(data.loss_mask))
+                             span=answer_span(data.loss_mask), lm_head=cfg.lm_head)
     recipe.check(data)
     train_set, held = split(data, cfg)
     held = held if len(held.tokens) else train_set
     place = Placement.auto(cfg.batch, data_parallel, log)
     frozen = place.replicate(recipe.frozen(target_params))
-    head = recipe.init(jax.random.key(cfg.seed))
-    opt_state = optimizer(cfg).init(head)
+    fresh = lambda: recipe.init(jax.random.key(cfg.seed), target_params, data.d2t)  # noqa: E731
+    head = fresh()
+    opt_state = optimizer(cfg, recipe.frozen_keys).init(head)
     start = 0
     if resume_from is not None:
         state = restore_state(out_dir, resume_from, {"head": head, "opt_state": opt_state})
         head, opt_state, start = state["head"], state["opt_state"], resume_from
-    initial = evaluate(place.replicate(recipe.init(jax.random.key(cfg.seed))), frozen, held, recipe, cfg, place)
+    initial = evaluate(place.replicate(fresh()), frozen, held, recipe, cfg, place)
     head, opt_state = place.replicate(head), place.replicate(opt_state)
     losses, last_eval = [], initial
     lengths = row_lengths(train_set.loss_mask)

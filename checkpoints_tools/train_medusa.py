@@ -43,6 +43,7 @@ class MedusaRecipe:
     draft_vocab: int = 0
     span: int = 0
     kind = "medusa"
+    frozen_keys = ()  # the target's output head, shared, is not among the heads' params
 
     def __post_init__(self):
         if not isinstance(self.n_heads, int) or self.n_heads < 1:
@@ -52,7 +53,7 @@ class MedusaRecipe:
     def n_steps(self) -> int:
         return self.n_heads
 
-    def init(self, key):
+    def init(self, key, target_params=None, d2t=None):
         return medusa.init_heads(self.config, self.n_heads, key, scale=0.0)
 
     def frozen(self, target_params):

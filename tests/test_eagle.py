@@ -415,6 +415,38 @@ def test_fresh_run_reuses_data_prepared_for_the_same_data_settings(tiny, trained
     assert built == [1]
 
 
+def test_output_head_starts_from_the_target_and_frozen_stays_there(tiny, trained, tmp_path):
+    """``lm_head="target"`` and "frozen": the initial head's output layer is the target's
+    output head restricted to the draft vocabulary (tiny's ``lm_head`` columns d2t; with tied
+    embeddings, as SmolLM2's, ``embed[d2t].T``) and its norm the target's final norm, the rest
+    the seed's random init ("random": all of it); "frozen": training steps that move every
+    other entry leave the output layer exactly those columns."""
+    out, model, _ = trained
+    data = train_eagle.Dataset.load(os.path.join(out, "data.npz"))
+    assert not tiny.cfg.tie_embeddings
+    cols = np.asarray(tiny.params["lm_head"])[:, data.d2t]
+    config = eagle3.EagleConfig(tiny.cfg, DRAFT_VOCAB)
+    init = {mode: train_eagle.EagleRecipe(config, TRAIN.unroll, lm_head=mode).init(
+        jax.random.key(TRAIN.seed), tiny.params, data.d2t) for mode in train_eagle.LM_HEAD_INITS}
+    assert not np.allclose(init["random"]["lm_head"], cols)
+    for mode in ("target", "frozen"):
+        np.testing.assert_array_equal(init[mode]["lm_head"], cols)
+        np.testing.assert_array_equal(init[mode]["norm"], tiny.params["final_norm"])
+        np.testing.assert_array_equal(init[mode]["fc"], init["random"]["fc"])
+    tied = dataclasses.replace(tiny.cfg, tie_embeddings=True)
+    tied_params = {k: v for k, v in tiny.params.items() if k != "lm_head"}
+    tied_recipe = train_eagle.EagleRecipe(eagle3.EagleConfig(tied, DRAFT_VOCAB), 1, lm_head="target")
+    tied_init = tied_recipe.init(jax.random.key(0), tied_params, data.d2t)
+    np.testing.assert_array_equal(tied_init["lm_head"], np.asarray(tiny.params["embed"])[data.d2t].T)
+    frozen = dataclasses.replace(TRAIN, steps=3, warmup=1, save_every=3, eval_every=3, lm_head="frozen")
+    head = train_eagle.train(tiny.params, tiny.cfg, data, frozen, str(tmp_path / "frozen"), progress=False,
+                             write_head=False, log=lambda *_: None)["head"]
+    np.testing.assert_array_equal(head["lm_head"], cols)
+    assert not np.allclose(head["fc"], init["frozen"]["fc"]) and not np.allclose(head["norm"], init["frozen"]["norm"])
+    with pytest.raises(ValueError, match="--lm-head must be one of random, target, frozen, got 'tied'"):
+        dataclasses.replace(TRAIN, lm_head="tied").check(tiny.cfg.vocab_size)
+
+
 def test_answered_sequences_and_new_prompts_train_together(tiny, trained, tmp_path):
     """``sequences=`` (answers made already) and prompts to answer go into one data set: the
     saved ``sequences.json`` holds the given answers first, then the target's answers to the
