@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import sys
 
-from checkpoints_tools.train_eagle import TrainConfig
+from checkpoints_tools.train_eagle import LM_HEAD_INITS, TrainConfig
 
 
 def main(argv=None) -> int:
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         if name == "train-medusa":
             t.add_argument("--heads", type=int, default=4, help="Medusa heads (default: 4)")
         for f in dataclasses.fields(TrainConfig):
-            if name == "train-medusa" and f.name in ("unroll", "ffn_dim", "soft_topk"):
+            if name == "train-medusa" and f.name in ("unroll", "ffn_dim", "soft_topk", "lm_head"):
                 continue
             # train-medusa --draft-vocab 0: the target's whole output head (8192 chosen by measurement: README)
             whole = "; 0: the whole vocabulary" if (name, f.name) == ("train-medusa", "draft_vocab") else ""
@@ -76,7 +76,8 @@ def main(argv=None) -> int:
                 t.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction,
                                default=f.default, help=f"(default: {f.default})")
                 continue
-            t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default,
+            choices = LM_HEAD_INITS if f.name == "lm_head" else None  # the EAGLE head's output-layer init
+            t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, choices=choices,
                            help=f"(default: {f.default}{whole})")
     args = parser.parse_args(argv)
 

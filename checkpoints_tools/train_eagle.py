@@ -660,6 +660,7 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
         resume_step = steps[-1] if resume is True else int(resume)
         with open(meta) as f:
             saved = json.load(f)
+        saved["settings"].setdefault("lm_head", "random")  # runs from before --lm-head
         keep = lambda r: {**r, "settings": {k: v for k, v in r["settings"].items() if k != "steps"}}  # noqa: E731
         if keep(saved) != keep(record):
             raise ValueError(f"--resume: the settings, prompts or target differ from those in {meta!r}")

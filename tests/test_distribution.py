@@ -27,7 +27,8 @@ lambda* = 146.7): TV 0.0214. That holds whatever the shape of the deviation
 (``detectable_tv`` computes it by simulation; scipy's ncx2 agrees to 4 digits; each test
 asserts it is <= 0.025). For scale: the draft model's first-token distribution is at TV
 0.38 (T = 1) / 0.50 (T = 0.7) from the target's, and the wrong rules below produce samples
-at empirical TV 0.21-0.57 from the target (chi-square > 20,000 on 497 df, p < 1e-300).
+at empirical TV 0.21-0.57 from the target (chi-square > 20,000 on 497 df, p < 1e-300, at
+N rows; the rejecting tests now draw ``N_DETECT`` rows).
 
 The harness has power where it matters: ``test_wrong_rule_is_detected`` swaps
 ``jaxspec.acceptance.accept`` for five deliberately wrong rules, and
@@ -80,10 +81,12 @@ PROMPT = [1, 2, 3, 1, 2]  # repeats "1 2": the n-gram drafter proposes "3 ..." a
 N_NEW = 3
 N = 80_000
 # Rows of the tests that must REJECT a wrong sampler: power for a small deviation is not what
-# they show (the passing tests' N does), only that the harness sees a wrong rule. The wrong
-# rules sit at TV 0.21-0.57 from the target: at 10,000 rows that is a noncentrality of at
-# least 10,000 x (2 x 0.21)^2 = 1,764 against a critical value near 500 (df <= 497, ALPHA),
-# and each test's printed chi-square shows the margin. An eighth of N: ~10 s less per test.
+# they show (the passing tests' N does), only that the harness sees a wrong rule. At 10,000
+# rows the closest wrong samplers in CI are penalties that skip the drafts (empirical TV 0.118:
+# chi2 1,111 on 300 df, p 2e-93) and lookahead keeping a rejected sibling (TV 0.109: chi2
+# 1,101 on 295 df, p 3e-93), against a critical value near 390 at ALPHA; the wrong acceptance
+# rules and window-wide tree penalties sit further (TV 0.21-0.57; 0.34: chi2 5,650). Each test
+# prints its chi-square. An eighth of N: ~10 s less per test.
 N_DETECT = 10_000
 MAX_LEN = 16  # len(PROMPT) + N_NEW + gamma + 1 <= 16 for gamma <= 7
 ALPHA = 1e-3
@@ -598,7 +601,7 @@ def clean_compile_caches():
          [("resample_from_p", 2), ("bonus_off_by_one", 1)]),
 )
 def test_wrong_rule_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches, rule, gamma):
-    """The same test (draft model, T = 1, N rows, gamma as in the passing cases) rejects a
+    """The same test (draft model, T = 1, N_DETECT rows, gamma as in the passing cases) rejects a
     speculative sampler whose acceptance rule is wrong: the engine calls
     ``acceptance.accept`` through the module, so patching the module attribute and
     re-tracing swaps the rule. (The bonus is only observed at gamma 1: with 3 new tokens a
