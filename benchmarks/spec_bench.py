@@ -664,6 +664,16 @@ def run_all(units: list[dict], methods: list[Method], batch_sizes: list[int], ca
 
 def main(argv=None) -> int:
     """Run the benchmark (see the module docstring); returns the exit status."""
+    import jaxspec.api
+
+    bucket = jaxspec.api.PROMPT_BUCKET
+    try:
+        return _main(argv)
+    finally:  # --prompt-bucket holds for this run only (tests and notebooks call main in-process)
+        jaxspec.api.PROMPT_BUCKET = bucket
+
+
+def _main(argv) -> int:
     args, categories, methods, batch_sizes = parse_args(argv)
     try:
         with open("/proc/sys/vm/max_map_count") as f:
@@ -755,6 +765,7 @@ def main(argv=None) -> int:
         "chat_template": "user turn + generation prompt (jaxspec tokenizer), add_bos=False; same ids for every method",
         "timing": "wall seconds of each generate call (time.perf_counter), compile excluded",
         "reps": args.reps,  # timed calls per method and batch; the median counts (median_run)
+        "prompt_bucket": jaxspec.api.PROMPT_BUCKET,  # prompts padded to a multiple of this many tokens
     }
     result = {
         "benchmark": "spec_bench", "started_utc": started.isoformat(), "total_wall_s": total_s,

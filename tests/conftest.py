@@ -14,18 +14,40 @@ import dataclasses
 import functools
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 # XLA:CPU compiles every fusion of a program through LLVM, and on the tiny test models that is
-# most of a test's time (the engine program of a 2-layer model is ~500 kernels). The suite
+# most of a test's time (the engine program of a 2-layer model is ~800 kernels). The suite
 # compares programs with each other (speculative vs plain, sharded vs not), never their speed,
-# so it compiles at LLVM -O0. Measured on 2 cores: the whole suite (-n 2) 1862 s -> 1412 s, all
-# 510 passing; test_engine.py alone 248 s -> 197 s, test_smollm2.py 305 s -> 310 s (its slower
-# kernels eat the saving), test_distribution.py 522 -> 614 s (its many sampling runs). Set here,
-# before any backend starts, so workers, the sharded cases and the notebook's kernel inherit
-# it; a user's own level is kept.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+# so it compiles for compile time, not run time:
+# - LLVM -O0. Measured on 2 cores: the whole suite (-n 2) 1862 s -> 1412 s, all 510 passing;
+#   test_engine.py alone 248 s -> 197 s, test_smollm2.py 305 s -> 310 s (its slower kernels eat
+#   the saving), test_distribution.py 522 -> 614 s (its many sampling runs).
+# - XLA:CPU's older LLVM-IR fusion emitters instead of its MLIR ones
+#   (--xla_cpu_use_fusion_emitters=false): a tiny engine program's backend compile 8.7 -> 5.5 s,
+#   SmolLM2's 10.6 -> 13.2 s (plain). Same host and day (2026-12-05): test_trees.py 288 -> 200 s,
+#   test_sampling_settings.py 201 -> 130 s, test_smollm2.py 387 -> 398 s; the CI set in 1355 s
+#   (the 2026-12-04 run without it, on a slower day: 1860 s).
+#   The flag is added only if this jaxlib still knows it (XLA aborts on an unknown flag).
+# Set here, before any backend starts, so workers, the sharded cases and the notebook's kernel
+# inherit them; a user's own settings are kept.
+def _add_xla_flag(flag: str, probe: bool = False) -> None:
+    """Append ``--name=value`` to XLA_FLAGS unless the user set ``name``; with ``probe``, only
+    if a fresh process starts the CPU backend with it."""
+    name, flags = flag[2:].split("=")[0], os.environ.get("XLA_FLAGS", "")
+    if name in flags:
+        return
+    env = dict(os.environ, XLA_FLAGS=f"{flags} {flag}".strip(), JAX_PLATFORMS="cpu")
+    if probe and subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], env=env,
+                                capture_output=True).returncode != 0:
+        return
+    os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
+
+
+_add_xla_flag("--xla_backend_optimization_level=0")
+_add_xla_flag("--xla_cpu_use_fusion_emitters=false", probe=True)
 
 import jax
 import jax.numpy as jnp
@@ -219,11 +241,12 @@ def release_compiled_programs():
 # `-n 2 --dist loadfile` the short files fill in at the end instead of one long file running
 # alone on one core while the other idles (the longest-processing-time-first rule). xdist
 # would otherwise order files by their number of tests (its --loadscope-reorder default).
-LONGEST_FIRST = ("test_distribution.py", "test_smollm2.py", "test_sharding.py", "test_trees.py", "test_engine.py",
-                 "test_colab.py", "test_gemma3.py", "test_cli.py", "test_qwen.py", "test_lookahead.py",
-                 "test_sampling_settings.py", "test_eagle.py", "test_spec_bench.py", "test_families.py",
-                 "test_checkpoints.py")
-# measured 2026-12-03 at -O0 (seconds): 614, 374, 282, 240, 204, 202, 155, 144, 101, 91, 76, 51, 41, 39, 38
+LONGEST_FIRST = ("test_distribution.py", "test_smollm2.py", "test_colab.py", "test_engine.py", "test_trees.py",
+                 "test_sharding.py", "test_sampling_settings.py", "test_eagle.py", "test_cli.py", "test_lookahead.py",
+                 "test_gemma3.py", "test_spec_bench.py", "test_checkpoints.py", "test_gguf_tokenizer.py",
+                 "test_reference_logits.py", "test_policy.py", "test_families.py")
+# measured 2026-12-05 (-O0, legacy fusion emitters; seconds): 405, 398, 318, 208, 200, 171, 130, 113, 107, 89, 68,
+# 64, 47, 44, 44, 40, 38
 
 
 # One persistent XLA compilation cache per test run (jax's ``jax_compilation_cache_dir``, the

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+import jaxspec.api
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import spec_bench  # noqa: E402
@@ -24,7 +26,7 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['con
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 VOCAB = 384
-# Short questions, so every chat-templated prompt fits one 64-token bucket: one compiled
+# Short questions, so every chat-templated prompt fits one prompt bucket: one compiled
 # program per method and batch size (compiles dominate this test's time).
 QUESTIONS = [("writing", "Write a short poem about the sea."), ("writing", "Describe your ideal city in one line."),
              ("translation", "Translate to French: the cat sleeps on the mat."),
@@ -75,13 +77,14 @@ def test_spec_bench_end_to_end(tmp_path):
     out = str(tmp_path / "res" / "sb")
     # no --categories: every category of the file
     common = ["--model", target, "--draft-model", draft, "--questions", str(questions), "--per-category", "2",
-              "--max-new-tokens", "8", "--no-compile-cache"]
+              "--max-new-tokens", "8", "--no-compile-cache", "--prompt-bucket", "128"]
     methods = ["plain", "draft_g2", "hf_plain", "hf_prompt_lookup_g3", "hf_assisted_g2"]
     assert spec_bench.main(common + ["--batch-sizes", "1,2", "--methods", ",".join(methods), "--out", out]) == 0
     with open(out + ".json") as f:
         res = json.load(f)
     for key in ("command", "machine", "versions", "settings", "definitions", "summary", "rows"):
         assert key in res, key
+    assert res["settings"]["prompt_bucket"] == 128 and jaxspec.api.PROMPT_BUCKET == 64  # for that run only
     assert res["machine"]["cores"] >= 1 and res["machine"]["cpu_model"] is not None
     for pkg in ("jax", "torch", "transformers", "jaxspec_git"):
         assert res["versions"][pkg], pkg
