@@ -199,11 +199,14 @@ def pass_costs(params, config, batches, widths, slots: int, reps: int, hlo: bool
     return {"ms": med, "all_ms": every, **({"hlo": kernels} if hlo else {})}
 
 
-def end_to_end(params, config, gamma: int, taus, slots: int, new_tokens: tuple[int, int], reps: int) -> dict:
-    """Batch-1 decode tok/s of plain decoding and of synthetic acceptance at each tau."""
+def end_to_end(params, config, gamma: int, taus, slots: int, new_tokens: tuple[int, int], reps: int,
+               padded=()) -> dict:
+    """Batch-1 decode tok/s of plain decoding (``jaxspec.engine.MIN_PASS_TOKENS`` as set, and
+    with every pass padded to each width in ``padded``) and of synthetic acceptance at each tau."""
     import numpy as np
 
     import jaxspec
+    from jaxspec import engine
 
     prompt = np.random.default_rng(0).integers(0, config.vocab_size, slots - 256).tolist()
     short, long = new_tokens
@@ -230,8 +233,12 @@ def end_to_end(params, config, gamma: int, taus, slots: int, new_tokens: tuple[i
                 "synthetic": m.synthetic, "synthetic_acceptance_rates": list(m.synthetic_rates) or None,
                 "run_s": {str(n): runs[n] for n in runs}}
 
-    out = {"plain": measure(None, None)}
+    out = {"plain": {**measure(None, None), "min_pass_tokens": engine.min_pass_tokens()}}
     print(f"  e2e plain: {_fmt(out['plain']['decode_tokens_per_s'])} tok/s", flush=True)
+    for m in padded:  # the 1-token pass run as an m-token one (its copies' outputs dropped)
+        with engine.min_pass_tokens_set(m):
+            out[f"plain_min_pass_tokens{m}"] = rec = {**measure(None, None), "min_pass_tokens": m}
+        print(f"  e2e plain, passes of >= {m} tokens: {_fmt(rec['decode_tokens_per_s'])} tok/s", flush=True)
     drafter = jaxspec.RepeatDrafter(gamma)
     for tau in taus:
         rec = measure(drafter, jaxspec.SyntheticAcceptance.from_tau(tau, gamma))
@@ -354,9 +361,14 @@ def main(argv=None) -> int:
     ap.add_argument("--hf", choices=("on", "off"), default="on", help="run transformers' static-cache decoding")
     ap.add_argument("--hf-compile", choices=("auto", "off"), default="auto",
                     help="auto: transformers compiles the static-cache decode step where it does by default (CUDA)")
+    ap.add_argument("--min-pass-tokens", default="2", help="e2e: plain decoding again with every target pass "
+                    "padded to at least each of these widths (jaxspec.engine.MIN_PASS_TOKENS; '' for none) (2)")
     ap.add_argument("--out", default=None, help="output JSON path")
     args = ap.parse_args(argv)
     dry = args.dry_run
+    padded = [int(m) for m in args.min_pass_tokens.split(",") if m]
+    if any(m < 2 for m in padded):
+        raise SystemExit(f"error: --min-pass-tokens: widths >= 2, got {args.min_pass_tokens!r}")
     slots = args.slots or (512 if dry else 2048)
     short, long = map(int, (args.new_tokens or ("8,24" if dry else "32,128")).split(","))
     reps = args.reps or (2 if dry else 3)
@@ -441,7 +453,7 @@ def main(argv=None) -> int:
         rec["pass"]["vs_B1_T1"] = {k: v / t1 for k, v in rec["pass"]["ms"].items()}
         print("  pass / B1_T1: " + ", ".join(f"{k} {v:.2f}x" for k, v in rec["pass"]["vs_B1_T1"].items()), flush=True)
         if "e2e" in parts:
-            rec["e2e"] = end_to_end(params, config, args.gamma, taus, slots, (short, long), reps)
+            rec["e2e"] = end_to_end(params, config, args.gamma, taus, slots, (short, long), reps, padded)
         del params
         jaxspec.api._COMPILED.clear()  # the compiled programs of this shape are done with
         jax.clear_caches()

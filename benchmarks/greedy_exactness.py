@@ -120,14 +120,26 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per row (64)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--drafters", default="ngram_chain,ngram_tree,self_draft,lookahead", help="which drafters (all)")
+    ap.add_argument("--min-pass-tokens", type=int, default=None, help="run every target pass with at least this "
+                    "many tokens (jaxspec.engine.MIN_PASS_TOKENS for this backend; default: as set there)")
     ap.add_argument("--out", default=None, help="output JSON path")
     args = ap.parse_args(argv)
     known = ("ngram_chain", "ngram_tree", "self_draft", "lookahead")
+    if args.min_pass_tokens is not None and args.min_pass_tokens < 1:
+        ap.error(f"--min-pass-tokens must be >= 1, got {args.min_pass_tokens}")
     if not set(args.drafters.split(",")) <= set(known):
         ap.error(f"--drafters: a comma-separated subset of {', '.join(known)}, got {args.drafters!r}")
     if not set(args.shapes.split(",")) <= {"tiny", "small"}:
         ap.error(f"--shapes: a comma-separated subset of tiny, small, got {args.shapes!r}")
 
+    from jaxspec import engine
+
+    least = engine.min_pass_tokens() if args.min_pass_tokens is None else args.min_pass_tokens
+    with engine.min_pass_tokens_set(least):  # for this run only (tests call main in-process)
+        return _run(args, argv, least)
+
+
+def _run(args, argv, least: int) -> int:
     import jax
     import jax.numpy as jnp
 
@@ -187,7 +199,8 @@ def main(argv=None) -> int:
               "started": started.isoformat(),
               "machine": {**machine_info(), "backend": jax.default_backend(), "device_kind": device.device_kind,
                           "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")},
-              "versions": versions(), "settings": vars(args), "rows_identical": same, "rows": total, "cases": cases,
+              "versions": versions(), "settings": vars(args), "min_pass_tokens": least,
+              "rows_identical": same, "rows": total, "cases": cases,
               "window_plain_vs_plain": windows,
               "elapsed_s": time.perf_counter() - t_start}
     write_record(record, path)

@@ -341,12 +341,13 @@ def _signature(tree) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None, plan=None):
+def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None, plan=None,
+            min_pass_tokens: int = 1):
     """The jitted program, returning an ``Output``; with a ``sharding.Plan`` it runs under
     ``jax.shard_map`` on the plan's mesh, each shard with its per-shard config and drafter."""
     def program(target, drafter_params, inputs, config=config, drafter=drafter):
         return Output.of(engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter,
-                                            max_len=max_len, logprobs=logprobs))
+                                            max_len=max_len, logprobs=logprobs, min_pass_tokens=min_pass_tokens))
 
     if plan is None:
         return jax.jit(program)
@@ -508,7 +509,7 @@ def generate(
     if drafter is not None:
         drafter.validate(config, drafter_params)
         limit = config.max_position if max_len is None else max_len
-        if engine.window(drafter) + 1 > limit:
+        if engine.window(drafter, engine.min_pass_tokens()) + 1 > limit:
             raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
                              f"({limit}) with {drafter!r}: lower tree_nodes (or gamma); for lookahead, window, ngram "
                              f"or guesses (nodes = (window + guesses) x (ngram - 1))")
@@ -527,14 +528,15 @@ def generate(
     elif drafter is not None:
         drafter_params = drafter.select_params(params, drafter_params)
     gamma = draft_window(drafter)
+    least = engine.min_pass_tokens()
 
-    shapes = _buckets(req, engine.window(drafter), 1 if plan is None else plan.data)
+    shapes = _buckets(req, engine.window(drafter, least), 1 if plan is None else plan.data)
     inputs = _inputs(req.padded(shapes.batch), shapes, config, tokenizer, synthetic_acceptance, gate_tau)
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     if plan is not None:
         params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
-    fn = _jitted(config, drafter, shapes.cache_len, lp_spec, plan)
-    key = (config, drafter, shapes.cache_len, lp_spec, _signature((params, drafter_params, inputs)))
+    fn = _jitted(config, drafter, shapes.cache_len, lp_spec, plan, least)
+    key = (config, drafter, shapes.cache_len, lp_spec, least, _signature((params, drafter_params, inputs)))
     key += (plan,) if plan else ()  # mesh=None: the single-device key, unchanged
     if synthetic_acceptance is not None:
         synthetic.warn(synthetic_acceptance)

@@ -17,6 +17,8 @@ With ``Inputs.gate_tau`` (``jaxspec.policy``'s acceptance gate) a row whose toke
 step over its last ``policy.GATE_WINDOW`` steps fell below its threshold stops speculating:
 its drafts are masked out, and once no active row speculates the program leaves the loop for
 a second one of plain steps (``run_program``), which never runs the drafter.
+On a backend in ``MIN_PASS_TOKENS`` (an accelerator whose 1-token pass is slower than a
+2-token one) every target pass runs at least that many tokens (``run_program``).
 For benchmarks only, ``Inputs.synthetic_rates`` swaps the acceptance rule for random
 acceptance at chosen rates (``jaxspec.synthetic``, NOT lossless); nothing else changes.
 
@@ -30,6 +32,7 @@ Shape letters: the package legend (``jaxspec``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -224,7 +227,7 @@ def _along(x: jax.Array, path: jax.Array) -> jax.Array:
 
 
 def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: Proposal, capture, logprobs,
-            width: int, write_first: bool = False) -> _Verified:
+            width: int, min_pass_tokens: int, write_first: bool = False) -> _Verified:
     """ONE target forward over the window ``[root, nodes]`` with the tree's ancestor mask, and
     acceptance; outputs padded to ``width`` (W) entries so a smaller tree fits the same state.
 
@@ -236,7 +239,9 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     written after acceptance. Why not that for plain decoding too: its write would not depend
     on anything the attention read (the path of an empty tree is a constant), so XLA cannot
     order the in-place write after the reads and copies every buffer twice per step; after a
-    real acceptance the path depends on the logits, and it does not.
+    real acceptance the path depends on the logits, and it does not. With ``min_pass_tokens``
+    > 1 a plain step's forward runs that many entries (the root and copies of it), and only
+    the first one's outputs are kept.
     """
     tree = Tree.of(root, proposal)
     start = s.seq_lens - 1  # the root's slot: it is not yet in the cache
@@ -244,7 +249,13 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     if write_first:
         if proposal.n_nodes:
             raise ValueError("write_first is plain decoding's: an empty proposal")
-        out = models.forward(target, config, tree.tokens, positions, s.cache, write_at=start, capture=capture)
+        # min_pass_tokens > 1: the root repeated at the next positions; their keys and values
+        # land in slots past the committed text, which the next step overwrites before reading
+        pad = jnp.arange(min_pass_tokens, dtype=jnp.int32)[None]
+        out = models.forward(target, config, jnp.repeat(tree.tokens, min_pass_tokens, axis=1), positions + pad,
+                             s.cache, write_at=start, capture=capture)
+        out = dataclasses.replace(out, logits=out.logits[:, :1], hidden=out.hidden[:, :1],
+                                  captured=tuple(c[:, :1] for c in out.captured))
     else:
         mask = models.TreeMask(start, tree.ancestors, positions)
         out = models.forward(target, config, tree.tokens, positions, s.cache, mask=mask, capture=capture,
@@ -289,7 +300,8 @@ def _gate(inputs: Inputs, s: LoopState, n_keep, active, done):
     return s.speculating & ~(active & ~done & full & low), recent
 
 
-def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, s: LoopState):
+def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, min_pass_tokens: int,
+               s: LoopState):
     keys = fold_rows(inputs.keys, s.step + 1)
     root = jnp.take_along_axis(s.tokens, (s.seq_lens - 1)[:, None], axis=1)[:, 0]
     b = root.shape[0]
@@ -308,12 +320,15 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
     width = proposal.n_nodes + 1
     with jax.named_scope("verify"):
         verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
-                                   logprobs=logprobs, width=width)
+                                   logprobs=logprobs, width=width, min_pass_tokens=min_pass_tokens)
         if drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None:
             # Verify the shortest prefix of the nodes that holds every active row's valid nodes,
             # among a few static widths: no draft at all is a one-token step, one chain of a
-            # tree (the best n-gram match alone) a (gamma + 1)-token one, and the drafter's own.
-            widths = sorted({0, drafter.gamma, proposal.n_nodes, *drafter.capabilities.verify_widths})
+            # tree (the best n-gram match alone) a (gamma + 1)-token one, and the drafter's own;
+            # none under min_pass_tokens (an abstaining row's nodes there are invalid: rejected).
+            least = min(min_pass_tokens - 1, proposal.n_nodes)
+            widths = sorted({max(w, least) for w in (0, drafter.gamma, proposal.n_nodes,
+                                                     *drafter.capabilities.verify_widths)})
             node = jnp.arange(1, proposal.n_nodes + 1)[None]
             used = jnp.max(jnp.where(proposal.valid & ~s.done[:, None], node, 0))
             pick = sum((used > w).astype(jnp.int32) for w in widths[:-1])
@@ -370,15 +385,54 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
     )
 
 
-def window(drafter) -> int:
-    """W: the verify window's entries (root + the drafter's node budget; 1 for plain decoding).
-    The token buffer and the target's cache need ``prompt + max_new_tokens + W`` slots."""
-    return 1 if drafter is None else drafter.n_nodes + 1
+# jax backend -> the fewest tokens a target pass runs (``min_pass_tokens``). On the H200
+# (jax 0.11.2, bf16, Llama-3.1-8B shape, batch 1) a 1-token pass took 7.80 ms and a 2-token
+# one 6.04 ms; in the loop a plain step 6.97 ms and a synthetic tau-1 step (5-token verify plus
+# drafter) 5.44 ms (benchmarks/results/accelerator_nvidia-h200_2026-12-04.md). On a 2-core CPU
+# SmolLM2-135M's plain decoding padded to 2 tokens ran at 0.72x the unpadded tok/s (13
+# Spec-Bench questions, identical tokens; benchmarks/results/padded_plain_cpu_2026-12-05.json).
+# Empty until a padded plain step is measured faster in the loop on some backend
+# (``benchmarks/accelerator.py``'s e2e part, ``benchmarks/padded_plain.py``): 1 everywhere.
+MIN_PASS_TOKENS: dict[str, int] = {}
+
+
+def min_pass_tokens(backend: str | None = None) -> int:
+    """``MIN_PASS_TOKENS`` for ``backend`` (``jax.default_backend()`` when None), else 1."""
+    return MIN_PASS_TOKENS.get(backend or jax.default_backend(), 1)
+
+
+@contextlib.contextmanager
+def min_pass_tokens_set(m: int, backend: str | None = None):
+    """Within the block, ``generate`` runs every target pass with at least ``m`` tokens on
+    ``backend`` (default ``jax.default_backend()``): for benchmarks that compare the two.
+
+    Raises:
+      ValueError: ``m`` < 1.
+    """
+    if m < 1:
+        raise ValueError(f"min_pass_tokens must be >= 1, got {m}")
+    backend = backend or jax.default_backend()
+    saved = MIN_PASS_TOKENS.get(backend)
+    MIN_PASS_TOKENS[backend] = m
+    try:
+        yield
+    finally:
+        if saved is None:
+            del MIN_PASS_TOKENS[backend]
+        else:
+            MIN_PASS_TOKENS[backend] = saved
+
+
+def window(drafter, min_pass_tokens: int = 1) -> int:
+    """W: the verify window's entries (root + the drafter's node budget; 1 for plain decoding),
+    at least ``min_pass_tokens``. The token buffer and the target's cache need
+    ``prompt + max_new_tokens + W`` slots."""
+    return max(1 if drafter is None else drafter.n_nodes + 1, min_pass_tokens)
 
 
 def run_program(
     target, drafter_params, inputs: Inputs, *, config: ModelConfig, drafter, max_len: int,
-    logprobs: LogprobsSpec | None = None,
+    logprobs: LogprobsSpec | None = None, min_pass_tokens: int = 1,
 ) -> LoopState:
     """The whole generation as one traceable function (jit it with the static keywords).
 
@@ -386,19 +440,29 @@ def run_program(
       target: target params pytree; drafter_params: the drafter's (from ``select_params``).
       inputs: ``Inputs``; config: target ``ModelConfig``; drafter: a ``Drafter`` or None;
       max_len: S, slots of the target's cache and of the token buffer; the caller guarantees
-        ``prompt_lens + max_new_tokens + window(drafter) <= S``.
+        ``prompt_lens + max_new_tokens + window(drafter, min_pass_tokens) <= S``.
       logprobs: what log-probabilities to record (``LoopState.logprobs``), or None.
+      min_pass_tokens: the fewest tokens a target pass runs: a plain step's one token is
+        padded with copies (their outputs dropped), an abstaining drafter's shortest verify
+        width raised. For accelerators whose 1-token pass is slower than a wider one
+        (``MIN_PASS_TOKENS``); the output is the same (on CPU bit for bit: tests/test_engine.py).
+
+    Raises:
+      ValueError: ``min_pass_tokens`` < 1.
 
     Returns:
       The final ``LoopState``.
     """
+    if min_pass_tokens < 1:
+        raise ValueError(f"min_pass_tokens must be >= 1, got {min_pass_tokens}")
     gamma = 0 if drafter is None else drafter.gamma
     state = _prefill(target, config, drafter, drafter_params, inputs, max_len, gamma, logprobs)
-    step = lambda s: _spec_step(target, config, drafter, drafter_params, inputs, gamma, logprobs, s)  # noqa: E731
+    step = functools.partial(_spec_step, target, config, drafter, drafter_params, inputs, gamma, logprobs,
+                             min_pass_tokens)
     if not _gated(drafter, inputs):
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
     # The acceptance gate: speculate while some active row still does (rows it turned off
     # propose nothing), then plain steps, without the drafter, for the rows still going.
     state = jax.lax.while_loop(lambda s: jnp.any(s.speculating & ~s.done), step, state)
-    plain = lambda s: _spec_step(target, config, None, None, inputs, gamma, logprobs, s)  # noqa: E731
+    plain = functools.partial(_spec_step, target, config, None, None, inputs, gamma, logprobs, min_pass_tokens)
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain, state)

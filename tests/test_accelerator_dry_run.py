@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+import jaxspec.engine
+
 
 
 def _tiny_streamed_bytes(c) -> int:
@@ -43,8 +45,11 @@ def test_dry_run_json(tmp_path, capsys, bench_module):
     assert all(len(v) == 8 for v in tiny["pass"]["all_ms"].values())  # 4 x --reps (2 in a dry run)
 
     e2e = tiny["e2e"]
-    assert set(e2e) == {"plain", "synthetic_tau1", "synthetic_tau2", "synthetic_tau3", "synthetic_tau4"}
+    assert set(e2e) == {"plain", "plain_min_pass_tokens2", "synthetic_tau1", "synthetic_tau2", "synthetic_tau3",
+                        "synthetic_tau4"}
     assert e2e["plain"]["synthetic"] is False and e2e["plain"]["tau"] == 1.0
+    assert (e2e["plain"]["min_pass_tokens"], e2e["plain_min_pass_tokens2"]["min_pass_tokens"]) == (1, 2)
+    assert e2e["plain_min_pass_tokens2"]["tau"] == 1.0 and jaxspec.engine.min_pass_tokens() == 1  # restored
     assert e2e["synthetic_tau1"]["tau"] == 1.0  # rates 0: exactly one token per verify step
     assert e2e["synthetic_tau1"]["synthetic_acceptance_rates"] == [0.0] * 4
     for tau in (1, 2, 3, 4):

@@ -124,6 +124,38 @@ def test_greedy_speculative_equals_plain(tiny, plain_greedy, kind, gamma):
         assert single.metrics.verify_steps[0] == batch.metrics.verify_steps[i], "a row waited for the batch"
 
 
+def test_min_pass_tokens_pads_one_token_passes_and_keeps_the_output(tiny, plain_greedy, monkeypatch):
+    """``engine.MIN_PASS_TOKENS`` (for accelerators whose 1-token pass is slower than a wider
+    one): no target forward in the program runs fewer tokens (a plain step runs the root and
+    copies of it; an abstaining n-gram drafter's shortest verify is widened), and the output is
+    the unpadded program's: the same greedy and sampled tokens, logprobs within 1e-5 (float32:
+    a wider pass may sum in another order, as in test_logprobs_spec_equals_plain_and_full_forward)."""
+    widths = []
+    forward = models.forward
+
+    def spy(params, config, tokens, *args, **kw):  # runs while jax traces: once per program
+        widths.append(tokens.shape[1])
+        return forward(params, config, tokens, *args, **kw)
+
+    sampled = dict(logprobs=2, temperature=0.8, seed=3)
+    ref = tiny.generate(tiny.prompts, logprobs=2), tiny.generate(tiny.prompts, **sampled)
+    monkeypatch.setattr(models, "forward", spy)
+    monkeypatch.setitem(engine.MIN_PASS_TOKENS, jax.default_backend(), 3)
+    out = tiny.generate(tiny.prompts, logprobs=2), tiny.generate(tiny.prompts, **sampled)
+    assert min(widths) == 3, widths  # prefill: the padded prompt; every plain step: 3
+    assert out[0].tokens == plain_greedy and out[1].tokens == ref[1].tokens != plain_greedy
+    for a, b in zip(out, ref):
+        for x, y in zip(a.logprobs + a.top_logprobs, b.logprobs + b.top_logprobs):
+            np.testing.assert_allclose(np.asarray(x, dtype=float), np.asarray(y, dtype=float), atol=1e-5)
+    monkeypatch.setitem(engine.MIN_PASS_TOKENS, jax.default_backend(), 2)
+    widths.clear()
+    spec = tiny.generate(tiny.prompts, "ngram", 4)
+    assert min(widths) == 2, widths  # unpadded, a step where no row has a match verifies the root alone
+    assert spec.tokens == plain_greedy
+    _check_metrics(spec.metrics, 4, tiny.max_new, abstains=True)
+    assert spec.metrics.drafted[1] < spec.metrics.verify_steps[1] * 4  # the 1-token prompt abstained
+
+
 def test_confident_chains_stop_early_and_equal_plain(tiny, plain_greedy):
     """A chain stopped where the drafter's cumulative probability of it falls below 0.1
     (``confidence``; the tiny noisy draft's most probable token has 0.06-0.3) still gives

@@ -17,6 +17,7 @@ import sys
 import pytest
 
 import jaxspec.api
+import jaxspec.engine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -177,3 +178,22 @@ def test_drafters_of_method_names():
     assert build("lookahead") == jaxspec.LookaheadDrafter()  # the drafter's defaults
     with pytest.raises(ValueError, match="lookahead takes the letters _w, _n, _g"):
         spec_bench.parse_method("lookahead_b2")
+
+
+def test_padded_plain_compares_and_records(tmp_path, bench_module):
+    """``benchmarks/padded_plain.py`` on the tiny GGUF target: both settings run, the padded
+    tokens equal the unpadded ones (greedy, float32 CPU), and the JSON records each question."""
+    padded_plain = bench_module("padded_plain")
+    target, _ = write_pair(str(tmp_path))
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) + "\n"
+                                 for i, (c, t) in enumerate(QUESTIONS)))
+    out = tmp_path / "padded.json"
+    argv = ["--model", target, "--questions", str(questions), "--max-new-tokens", "6", "--reps", "1", "--out", str(out)]
+    assert padded_plain.main(argv) == 0
+    res = json.loads(out.read_text())
+    assert [r["category"] for r in res["rows"]] == ["writing", "translation"]  # the first of each category
+    assert res["summary"]["2"]["identical_to_unpadded"] == 2 and set(res["summary"]) == {"1", "2"}
+    assert all(r["tokens_per_s"]["1"] > 0 and r["tokens_per_s"]["2"] > 0 for r in res["rows"])
+    assert "padded_plain.py" in res["command"] and res["machine"]["backend"] == "cpu"
+    assert jaxspec.engine.min_pass_tokens() == 1  # the setting held for the script's calls only
