@@ -140,6 +140,7 @@ def main(argv=None) -> int:
 
 
 def _run(args, argv, least: int) -> int:
+    """``main``'s body, with every target pass at least ``least`` tokens wide."""
     import jax
     import jax.numpy as jnp
 

@@ -89,6 +89,7 @@ regions per program, past Linux's default vm.max_map_count (65,530), after which
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -664,16 +665,12 @@ def run_all(units: list[dict], methods: list[Method], batch_sizes: list[int], ca
 
 def main(argv=None) -> int:
     """Run the benchmark (see the module docstring); returns the exit status."""
-    import jaxspec.api
-
-    bucket = jaxspec.api.PROMPT_BUCKET
-    try:
-        return _main(argv)
-    finally:  # --prompt-bucket holds for this run only (tests and notebooks call main in-process)
-        jaxspec.api.PROMPT_BUCKET = bucket
+    with contextlib.ExitStack() as undo:  # what the run changes in the process, undone when it returns
+        return _main(argv, undo)
 
 
-def _main(argv) -> int:
+def _main(argv, undo: contextlib.ExitStack) -> int:
+    """``main``'s body; ``undo`` takes the callbacks that restore process-wide settings."""
     args, categories, methods, batch_sizes = parse_args(argv)
     try:
         with open("/proc/sys/vm/max_map_count") as f:
@@ -704,7 +701,8 @@ def _main(argv) -> int:
 
     import jaxspec
 
-    if args.prompt_bucket is not None:
+    if args.prompt_bucket is not None:  # for this run only (tests and notebooks call main in-process)
+        undo.callback(setattr, jaxspec.api, "PROMPT_BUCKET", jaxspec.api.PROMPT_BUCKET)
         jaxspec.api.PROMPT_BUCKET = args.prompt_bucket
     if not args.no_compile_cache:
         from jaxspec import compile_cache

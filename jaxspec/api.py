@@ -269,8 +269,8 @@ class Buckets:
 
 def _buckets(req: Request, window: int, data: int = 1) -> Buckets:
     """Prompt length to a multiple of ``PROMPT_BUCKET``, cache slots (prompt bucket +
-    ``max_new_tokens`` + the verify window ``engine.window(drafter)``) to a multiple of ``CACHE_BUCKET``, rows to ``batch_bucket``
-    (a multiple of the mesh's ``data`` axis)."""
+    ``max_new_tokens`` + the verify window ``window``, ``engine.window``) to a multiple of
+    ``CACHE_BUCKET``, rows to ``batch_bucket`` (a multiple of the mesh's ``data`` axis)."""
     p = _round_up(int(req.prompt_lens.max()), PROMPT_BUCKET)
     cache_len = _round_up(p + int(req.max_new_tokens.max()) + window, CACHE_BUCKET)
     return Buckets(batch=batch_bucket(len(req.rows), data), prompt_len=p, cache_len=cache_len)

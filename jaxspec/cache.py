@@ -15,8 +15,8 @@ and a cache updated inside a conditional costs XLA (jaxlib 0.10.2) a copy of eve
 buffers per step (jax-ml/jax#16661; openxla/xla#46314 fixes it in a later jaxlib). On 2 CPU
 cores, SmolLM2, one 128-token answer at 1024 slots: an n-gram tree 6.65 -> 6.07 s, plain
 decoding (no switch, but a window written then moved) 7.60 -> 7.09 s. Plain decoding itself
-writes its one token before the attention reads the cache (``engine._verify``'s
-``write_first``): written after the reads, by a write that depends on nothing they computed
+writes its one token (its padded pass, with ``min_pass_tokens`` > 1) before the attention reads
+the cache (``engine._verify``'s ``write_first``): written after the reads, by a write that depends on nothing they computed
 (an empty tree's path is a constant), XLA could not order the in-place update after them and
 copied every buffer twice per step (``tests/test_engine.py::test_decode_loop_does_not_copy_the_cache``).
 After a real acceptance the write depends on the logits, and nothing is copied.

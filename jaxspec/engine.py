@@ -18,7 +18,8 @@ step over its last ``policy.GATE_WINDOW`` steps fell below its threshold stops s
 its drafts are masked out, and once no active row speculates the program leaves the loop for
 a second one of plain steps (``run_program``), which never runs the drafter.
 On a backend in ``MIN_PASS_TOKENS`` (an accelerator whose 1-token pass is slower than a
-2-token one) every target pass runs at least that many tokens (``run_program``).
+2-token one) a plain step's pass and an abstaining drafter's narrowest verify run at least
+that many tokens (``run_program``).
 For benchmarks only, ``Inputs.synthetic_rates`` swaps the acceptance rule for random
 acceptance at chosen rates (``jaxspec.synthetic``, NOT lossless); nothing else changes.
 
@@ -385,7 +386,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
     )
 
 
-# jax backend -> the fewest tokens a target pass runs (``min_pass_tokens``). On the H200
+# jax backend -> ``run_program``'s ``min_pass_tokens`` there. On the H200
 # (jax 0.11.2, bf16, Llama-3.1-8B shape, batch 1) a 1-token pass took 7.80 ms and a 2-token
 # one 6.04 ms; in the loop a plain step 6.97 ms and a synthetic tau-1 step (5-token verify plus
 # drafter) 5.44 ms (benchmarks/results/accelerator_nvidia-h200_2026-12-04.md). On a 2-core CPU
@@ -442,10 +443,12 @@ def run_program(
       max_len: S, slots of the target's cache and of the token buffer; the caller guarantees
         ``prompt_lens + max_new_tokens + window(drafter, min_pass_tokens) <= S``.
       logprobs: what log-probabilities to record (``LoopState.logprobs``), or None.
-      min_pass_tokens: the fewest tokens a target pass runs: a plain step's one token is
-        padded with copies (their outputs dropped), an abstaining drafter's shortest verify
-        width raised. For accelerators whose 1-token pass is slower than a wider one
-        (``MIN_PASS_TOKENS``); the output is the same (on CPU bit for bit: tests/test_engine.py).
+      min_pass_tokens: a plain step's one token runs as a pass of this many (copies of it at
+        the next positions, their outputs dropped), and an abstaining drafter's narrowest
+        verify is widened to it (at most to the drafter's window). For accelerators whose
+        1-token pass is slower than a wider one (``MIN_PASS_TOKENS``). On CPU in float32 the
+        tokens are the unpadded program's (tests/test_engine.py); on an accelerator a wider
+        pass runs other kernels and may round differently.
 
     Raises:
       ValueError: ``min_pass_tokens`` < 1.

@@ -20,7 +20,7 @@ def _tiny_streamed_bytes(c) -> int:
     return 2 * (c.n_layers * layer + c.dim + c.dim * c.vocab_size)
 
 
-def test_dry_run_json(tmp_path, capsys, bench_module):
+def test_dry_run_json(tmp_path, capsys, bench_module, forward_widths):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     accelerator = bench_module("accelerator")
@@ -50,6 +50,7 @@ def test_dry_run_json(tmp_path, capsys, bench_module):
     assert e2e["plain"]["synthetic"] is False and e2e["plain"]["tau"] == 1.0
     assert (e2e["plain"]["min_pass_tokens"], e2e["plain_min_pass_tokens2"]["min_pass_tokens"]) == (1, 2)
     assert e2e["plain_min_pass_tokens2"]["tau"] == 1.0 and jaxspec.engine.min_pass_tokens() == 1  # restored
+    assert 2 in forward_widths  # the padded plain step (the passes timed are 1, 5 and 9 wide)
     assert e2e["synthetic_tau1"]["tau"] == 1.0  # rates 0: exactly one token per verify step
     assert e2e["synthetic_tau1"]["synthetic_acceptance_rates"] == [0.0] * 4
     for tau in (1, 2, 3, 4):

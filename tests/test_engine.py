@@ -124,22 +124,17 @@ def test_greedy_speculative_equals_plain(tiny, plain_greedy, kind, gamma):
         assert single.metrics.verify_steps[0] == batch.metrics.verify_steps[i], "a row waited for the batch"
 
 
-def test_min_pass_tokens_pads_one_token_passes_and_keeps_the_output(tiny, plain_greedy, monkeypatch):
+def test_min_pass_tokens_pads_one_token_passes_and_keeps_the_output(tiny, plain_greedy, monkeypatch, forward_widths):
     """``engine.MIN_PASS_TOKENS`` (for accelerators whose 1-token pass is slower than a wider
     one): no target forward in the program runs fewer tokens (a plain step runs the root and
-    copies of it; an abstaining n-gram drafter's shortest verify is widened), and the output is
-    the unpadded program's: the same greedy and sampled tokens, logprobs within 1e-5 (float32:
-    a wider pass may sum in another order, as in test_logprobs_spec_equals_plain_and_full_forward)."""
-    widths = []
-    forward = models.forward
-
-    def spy(params, config, tokens, *args, **kw):  # runs while jax traces: once per program
-        widths.append(tokens.shape[1])
-        return forward(params, config, tokens, *args, **kw)
-
+    copies of it; an abstaining n-gram drafter's shortest verify is widened; the gated
+    program's plain loop is padded too), and the output is the unpadded program's: the same
+    greedy and sampled tokens, logprobs within 1e-5 (float32: a wider pass may sum in another
+    order, as in test_logprobs_spec_equals_plain_and_full_forward)."""
     sampled = dict(logprobs=2, temperature=0.8, seed=3)
     ref = tiny.generate(tiny.prompts, logprobs=2), tiny.generate(tiny.prompts, **sampled)
-    monkeypatch.setattr(models, "forward", spy)
+    widths = forward_widths
+    widths.clear()
     monkeypatch.setitem(engine.MIN_PASS_TOKENS, jax.default_backend(), 3)
     out = tiny.generate(tiny.prompts, logprobs=2), tiny.generate(tiny.prompts, **sampled)
     assert min(widths) == 3, widths  # prefill: the padded prompt; every plain step: 3
@@ -154,6 +149,35 @@ def test_min_pass_tokens_pads_one_token_passes_and_keeps_the_output(tiny, plain_
     assert spec.tokens == plain_greedy
     _check_metrics(spec.metrics, 4, tiny.max_new, abstains=True)
     assert spec.metrics.drafted[1] < spec.metrics.verify_steps[1] * 4  # the 1-token prompt abstained
+    # the unrelated draft model (tau ~1) at gamma 1, gated below tau 2: its rows end in plain
+    # steps, padded to 3 tokens (its own verify window is 2 wide, its draft steps 1)
+    monkeypatch.setitem(engine.MIN_PASS_TOKENS, jax.default_backend(), 3)
+    widths.clear()
+    gated = tiny.generate(tiny.prompts, "model_small", 1, disable_by_acceptance=2.0)
+    assert gated.tokens == plain_greedy and gated.metrics.gated.all()
+    assert {1, 2, 3} <= set(widths), widths
+
+
+def test_padded_plain_fits_a_cache_without_slack(tiny, plain_greedy, inputs_factory):
+    """The least cache a padded plain run needs: its last step's token sits at slot
+    ``prompt + max_new_tokens - 2`` and writes M slots, so ``prompt + max_new_tokens + M - 2``
+    (``window(None, M)`` = M leaves 2 spare; generate's cache buckets more). There, with M 3,
+    the tokens are plain decoding's and every committed slot's keys and values are the
+    unpadded program's (float32, within 1e-5): a write clamped at the cache's end would have
+    moved the last step's keys onto a committed slot (one slot less fails this)."""
+    inputs = inputs_factory(tiny.prompts, max_new_tokens=tiny.max_new)
+    max_len = inputs.prompt.shape[1] + tiny.max_new + 3 - 2
+    run = lambda m: jax.jit(functools.partial(engine.run_program, config=tiny.cfg, drafter=None,  # noqa: E731
+                                              max_len=max_len, min_pass_tokens=m))(tiny.params, None, inputs)
+    padded, unpadded = run(3), run(1)
+    for b, (prompt, ref) in enumerate(zip(tiny.prompts, plain_greedy)):
+        assert np.asarray(padded.tokens[b, len(prompt):len(prompt) + tiny.max_new]).tolist() == ref, b
+        n = int(padded.seq_lens[b]) - 1  # slots 0 .. n - 1 are committed
+        for x, y in zip(padded.cache.k + padded.cache.v, unpadded.cache.k + unpadded.cache.v):
+            np.testing.assert_allclose(np.asarray(x[b, :n]), np.asarray(y[b, :n]), atol=1e-5)
+    with pytest.raises(ValueError, match="min_pass_tokens must be >= 1"):
+        engine.run_program(tiny.params, None, inputs, config=tiny.cfg, drafter=None, max_len=max_len,
+                           min_pass_tokens=0)
 
 
 def test_confident_chains_stop_early_and_equal_plain(tiny, plain_greedy):
@@ -434,18 +458,20 @@ def _while_body_copies(hlo: str, shape: str) -> int:
     return n
 
 
-@pytest.mark.parametrize("kind", ("plain", "model_noisy"))
-def test_decode_loop_does_not_copy_the_cache(tiny, inputs_factory, kind):
+@pytest.mark.parametrize("kind,min_pass", (("plain", 1), ("plain", 2), ("model_noisy", 1)))
+def test_decode_loop_does_not_copy_the_cache(tiny, inputs_factory, kind, min_pass):
     """No step copies a whole cache buffer: XLA updates the loop-carried cache in place. It
     copied each buffer twice per step in plain decoding while the step wrote its token after
     the attention's reads (a write that does not depend on them cannot be ordered after
-    them); plain decoding now writes first (``engine._verify(write_first=True)``). The gated
-    model-drafter program's second loop is plain decoding too."""
+    them); plain decoding now writes first (``engine._verify(write_first=True)``), also when
+    its pass is padded to 2 tokens (``min_pass_tokens``). The gated model-drafter program's
+    second loop is plain decoding too."""
     drafter, dparams = tiny.drafter(kind, 4)
     inputs = inputs_factory(tiny.prompts, max_new_tokens=tiny.max_new)
     if drafter is not None:
         inputs = dataclasses.replace(inputs, gate_tau=jnp.full((len(tiny.prompts),), 2.0))
-    fn = jax.jit(functools.partial(engine.run_program, config=tiny.cfg, drafter=drafter, max_len=64))
+    fn = jax.jit(functools.partial(engine.run_program, config=tiny.cfg, drafter=drafter, max_len=64,
+                                   min_pass_tokens=min_pass))
     dp = drafter.select_params(tiny.params, dparams) if drafter else None
     hlo = fn.lower(tiny.params, dp, inputs).compile().as_text()
     c = tiny.cfg

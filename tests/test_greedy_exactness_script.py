@@ -30,14 +30,15 @@ def test_cpu_float32_rows_equal_plain(tmp_path, bench_module):
     assert rec["min_pass_tokens"] == 1
 
 
-def test_padded_passes_are_recorded_and_undone(tmp_path, bench_module):
-    """``--min-pass-tokens 2`` (plain decoding's 1-token pass run as a 2-token one) still gives
-    plain decoding's rows on CPU, is recorded, and holds for that run only."""
+def test_padded_passes_are_recorded_and_undone(tmp_path, bench_module, forward_widths):
+    """``--min-pass-tokens 2`` (plain decoding's 1-token pass run as a 2-token one: no other
+    forward of the run is 2 tokens wide) still gives plain decoding's rows on CPU, is recorded,
+    and holds for that run only."""
     greedy_exactness = bench_module("greedy_exactness")
     path = tmp_path / "exact.json"
     argv = ["--shapes", "tiny", "--dtypes", "float32", "--seeds", "1", "--max-new-tokens", "16",
             "--drafters", "self_draft", "--min-pass-tokens", "2", "--out", str(path)]
     assert greedy_exactness.main(argv) == 0
     rec = json.loads(path.read_text())
-    assert rec["min_pass_tokens"] == 2 and rec["rows"] == 4 and rec["rows_identical"] == 4
+    assert rec["min_pass_tokens"] == 2 and rec["rows"] == 4 and rec["rows_identical"] == 4 and 2 in forward_widths
     assert jaxspec.engine.min_pass_tokens() == 1

@@ -80,12 +80,13 @@ def test_spec_bench_end_to_end(tmp_path):
     common = ["--model", target, "--draft-model", draft, "--questions", str(questions), "--per-category", "2",
               "--max-new-tokens", "8", "--no-compile-cache", "--prompt-bucket", "128"]
     methods = ["plain", "draft_g2", "hf_plain", "hf_prompt_lookup_g3", "hf_assisted_g2"]
+    bucket = jaxspec.api.PROMPT_BUCKET
     assert spec_bench.main(common + ["--batch-sizes", "1,2", "--methods", ",".join(methods), "--out", out]) == 0
     with open(out + ".json") as f:
         res = json.load(f)
     for key in ("command", "machine", "versions", "settings", "definitions", "summary", "rows"):
         assert key in res, key
-    assert res["settings"]["prompt_bucket"] == 128 and jaxspec.api.PROMPT_BUCKET == 64  # for that run only
+    assert res["settings"]["prompt_bucket"] == 128 and jaxspec.api.PROMPT_BUCKET == bucket  # for that run only
     assert res["machine"]["cores"] >= 1 and res["machine"]["cpu_model"] is not None
     for pkg in ("jax", "torch", "transformers", "jaxspec_git"):
         assert res["versions"][pkg], pkg
@@ -180,9 +181,10 @@ def test_drafters_of_method_names():
         spec_bench.parse_method("lookahead_b2")
 
 
-def test_padded_plain_compares_and_records(tmp_path, bench_module):
-    """``benchmarks/padded_plain.py`` on the tiny GGUF target: both settings run, the padded
-    tokens equal the unpadded ones (greedy, float32 CPU), and the JSON records each question."""
+def test_padded_plain_compares_and_records(tmp_path, bench_module, forward_widths):
+    """``benchmarks/padded_plain.py`` on the tiny GGUF target: both settings run (plain steps
+    of 1 and of 2 tokens), the padded tokens equal the unpadded ones (greedy, float32 CPU), and
+    the JSON records each question."""
     padded_plain = bench_module("padded_plain")
     target, _ = write_pair(str(tmp_path))
     questions = tmp_path / "question.jsonl"
@@ -197,3 +199,4 @@ def test_padded_plain_compares_and_records(tmp_path, bench_module):
     assert all(r["tokens_per_s"]["1"] > 0 and r["tokens_per_s"]["2"] > 0 for r in res["rows"])
     assert "padded_plain.py" in res["command"] and res["machine"]["backend"] == "cpu"
     assert jaxspec.engine.min_pass_tokens() == 1  # the setting held for the script's calls only
+    assert {1, 2} <= set(forward_widths)
