@@ -47,6 +47,7 @@ import numpy as np
 
 from jaxspec import models
 from jaxspec.cache import KVCache
+from jaxspec.drafters.medusa import output_rows
 from jaxspec.models import eagle3
 from jaxspec.models.eagle3 import EagleConfig
 
@@ -332,8 +333,7 @@ class EagleRecipe:
         if self.lm_head == "random":
             return head
         t = self.config.target
-        out = target_params["embed"].T if t.tie_embeddings else target_params["lm_head"]
-        return {**head, "lm_head": jnp.asarray(out[:, np.asarray(d2t)], jnp.float32),
+        return {**head, "lm_head": output_rows(target_params, t, jnp.asarray(d2t)).T.astype(jnp.float32),
                 "norm": jnp.asarray(target_params["final_norm"], jnp.float32) + t.norm_offset}
 
     @property

@@ -506,10 +506,11 @@ def generate(
     req = _request(prompt, sc, config, tokenizer, chat, max_len)
     if isinstance(drafter, type):
         raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
+    least = engine.min_pass_tokens()  # the fewest tokens a target pass runs on this backend
     if drafter is not None:
         drafter.validate(config, drafter_params)
         limit = config.max_position if max_len is None else max_len
-        if engine.window(drafter, engine.min_pass_tokens()) + 1 > limit:
+        if engine.window(drafter, least) + 1 > limit:
             raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
                              f"({limit}) with {drafter!r}: lower tree_nodes (or gamma); for lookahead, window, ngram "
                              f"or guesses (nodes = (window + guesses) x (ngram - 1))")
@@ -528,7 +529,6 @@ def generate(
     elif drafter is not None:
         drafter_params = drafter.select_params(params, drafter_params)
     gamma = draft_window(drafter)
-    least = engine.min_pass_tokens()
 
     shapes = _buckets(req, engine.window(drafter, least), 1 if plan is None else plan.data)
     inputs = _inputs(req.padded(shapes.batch), shapes, config, tokenizer, synthetic_acceptance, gate_tau)
