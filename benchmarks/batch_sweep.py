@@ -24,7 +24,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import statistics
 import sys
 import time
 

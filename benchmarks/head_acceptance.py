@@ -32,15 +32,15 @@ from spec_bench import QUESTIONS, load_questions  # noqa: E402
 
 def main(argv=None) -> int:
     import jaxspec
-    from checkpoints_tools import drafter_data, train_eagle
+    from checkpoints_tools import drafter_data, head_dataset, trainer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--kind", default="eagle3", choices=["eagle3", "medusa1"])
     ap.add_argument("--head", "--eagle-head", default=None, help="default: the head of --kind shipped for --model")
     ap.add_argument("--sequences", required=True, help="the training answers (train-eagle's --sequences)")
-    ap.add_argument("--seed", type=int, default=train_eagle.TrainConfig.seed, help="the training run's --seed")
-    ap.add_argument("--holdout", type=float, default=train_eagle.TrainConfig.holdout)
+    ap.add_argument("--seed", type=int, default=trainer.TrainConfig.seed, help="the training run's --seed")
+    ap.add_argument("--holdout", type=float, default=trainer.TrainConfig.holdout)
     ap.add_argument("--n", type=int, default=8, help="prompts per set")
     ap.add_argument("--gammas", default="2,4")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     model = jaxspec.load(args.model)
     head = args.head or jaxspec.shipped_head(args.model, args.kind)
     seqs = drafter_data.load_sequences(args.sequences, model.params)
-    train, held_out = train_eagle.split_indices(len(seqs), train_eagle.TrainConfig(seed=args.seed,
-                                                                                   holdout=args.holdout))
+    train, held_out = head_dataset.split_indices(len(seqs), trainer.TrainConfig(seed=args.seed,
+                                                                                holdout=args.holdout))
     tok = model.tokenizer
     spec_bench = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]), add_bos=False)
                   for q in load_questions(QUESTIONS, 1)[: args.n]]

@@ -23,7 +23,7 @@ acceptance"): the same p_max on every set, half the agreement on prompts of an u
         --set magpie=checkpoints_tools/data/smollm2-135m-magpie-answers.json
 
 (the shipped SmolLM2 head's training files, in their order: a ``--set`` file among them keeps
-only the rows that the training run's seeded split trained on, ``train_eagle.split_indices``).
+only the rows that the training run's seeded split trained on, ``head_dataset.split_indices``).
 
 Writes ``--out``.json (machine, versions, command, per set: positions, mean p_max, per bin
 share / agreement / top-k coverage). Counts only: the machine's load does not move them.
@@ -104,11 +104,11 @@ def summarize(p_max, top1, topk) -> dict:
 def training_rows(files: list[str], target_params, seed: int, holdout: float) -> dict:
     """``{absolute path: sorted row indices}``: the rows of each training file that a training
     run over ``files`` concatenated in this order, with ``seed`` and ``holdout``, trained on
-    (its held-out rows left out: ``checkpoints_tools.train_eagle.split_indices``)."""
-    from checkpoints_tools import drafter_data, train_eagle
+    (its held-out rows left out: ``checkpoints_tools.head_dataset.split_indices``)."""
+    from checkpoints_tools import drafter_data, head_dataset, trainer
 
     sizes = [len(drafter_data.load_sequences(f, target_params)) for f in files]
-    train, _ = train_eagle.split_indices(sum(sizes), train_eagle.TrainConfig(seed=seed, holdout=holdout))
+    train, _ = head_dataset.split_indices(sum(sizes), trainer.TrainConfig(seed=seed, holdout=holdout))
     out, start = {}, 0
     for f, n in zip(files, sizes):
         out[os.path.abspath(f)] = [int(i) - start for i in train if start <= i < start + n]
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     import jaxspec
-    from checkpoints_tools import drafter_data, train_eagle
+    from checkpoints_tools import drafter_data, trainer
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -130,8 +130,8 @@ def main(argv=None) -> int:
                          "OUT/sequences.json form); repeatable; Spec-Bench is always the last set")
     ap.add_argument("--training-files", default="", help="comma-separated: the head's training --sequences "
                     "files in their order; rows of them that the training split held out are left out of --set files")
-    ap.add_argument("--seed", type=int, default=train_eagle.TrainConfig.seed, help="the training run's --seed")
-    ap.add_argument("--holdout", type=float, default=train_eagle.TrainConfig.holdout,
+    ap.add_argument("--seed", type=int, default=trainer.TrainConfig.seed, help="the training run's --seed")
+    ap.add_argument("--holdout", type=float, default=trainer.TrainConfig.holdout,
                     help="the training run's --holdout")
     ap.add_argument("--n", type=int, default=26, help="prompts per --set")
     ap.add_argument("--per-category", type=int, default=2, help="Spec-Bench questions per category")

@@ -30,22 +30,22 @@ import bench_env  # noqa: E402
 
 def main(argv=None) -> int:
     import jaxspec
-    from checkpoints_tools import drafter_data, train_eagle
+    from checkpoints_tools import drafter_data, head_dataset, trainer
     from checkpoints_tools.train_medusa import MedusaRecipe
 
     argv = sys.argv[1:] if argv is None else argv
     steps = int(argv[0]) if argv else 40
     model = jaxspec.load("smollm2-135m")
     seqs = drafter_data.load_sequences("checkpoints_tools/data/smollm2-135m-answers.json", model.params)
-    cfg = train_eagle.TrainConfig(draft_vocab=8192, steps=steps, batch=8, lr=1e-3, warmup=5, eval_every=steps,
-                                  save_every=steps)
+    cfg = trainer.TrainConfig(draft_vocab=8192, steps=steps, batch=8, lr=1e-3, warmup=5, eval_every=steps,
+                              save_every=steps)
     if not os.path.exists("runs/medusa-data/data.npz"):  # the features, once (one step of training)
-        train_eagle.run(model, [], dataclasses.replace(cfg, steps=1, warmup=0, eval_every=1, save_every=1),
-                        "runs/medusa-data", sequences=seqs, medusa_heads=4)
-    data = train_eagle.Dataset.load("runs/medusa-data/data.npz")
-    answer = train_eagle.answer_span(data.loss_mask)
+        trainer.run(model, [], dataclasses.replace(cfg, steps=1, warmup=0, eval_every=1, save_every=1),
+                    "runs/medusa-data", sequences=seqs, medusa_heads=4)
+    data = head_dataset.Dataset.load("runs/medusa-data/data.npz")
+    answer = head_dataset.answer_span(data.loss_mask)
     step_times = []
-    step = train_eagle._train_step
+    step = trainer._train_step
 
     def timed_step(*a, **k):
         t0 = time.time()
@@ -54,15 +54,15 @@ def main(argv=None) -> int:
         step_times.append(time.time() - t0)
         return r
 
-    train_eagle._train_step = timed_step
+    trainer._train_step = timed_step
     results = {}
     for name, vd, span, n in (("reduced_8192", 8192, answer, steps), ("full", 0, answer, steps),
                               ("reduced_8192_every_position", 8192, 0, 10)):  # the last: timing only
         d = data if vd else dataclasses.replace(data, d2t=np.zeros((0,), np.int32))
         step_times.clear()
         c = dataclasses.replace(cfg, draft_vocab=vd, steps=n, eval_every=n, save_every=n)
-        r = train_eagle.train(model.params, model.config, d, c, f"runs/medusa-{name}",
-                              recipe=MedusaRecipe(model.config, 4, vd, span=span), write_head=False)
+        r = trainer.train(model.params, model.config, d, c, f"runs/medusa-{name}",
+                          recipe=MedusaRecipe(model.config, 4, vd, span=span), write_head=False)
         results[name] = {"steps": n, "median_step_s": float(np.median(step_times[1:])), "initial": r["initial"],
                          "final": r["final"]}
         print(name, results[name], flush=True)

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import sys
 
-from checkpoints_tools.train_eagle import LM_HEAD_INITS, TrainConfig
+from checkpoints_tools.trainer import LM_HEAD_INITS, TrainConfig
 
 
 def main(argv=None) -> int:
@@ -119,7 +119,7 @@ def _train_head(args) -> int:
     import os
 
     import jaxspec
-    from checkpoints_tools import drafter_data, train_eagle
+    from checkpoints_tools import drafter_data, trainer
 
     medusa_heads = getattr(args, "heads", 0)
     if args.command == "train-medusa" and medusa_heads < 1:
@@ -155,9 +155,9 @@ def _train_head(args) -> int:
         print(f"{len(ids)} prompts to answer ({len(prompts) - len(ids)} skipped), target {model.config.name}, "
               f"out {args.out}")
     resume = False if args.resume is None else (True if args.resume == "latest" else int(args.resume))
-    r = train_eagle.run(model, ids, cfg, args.out, max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch,
-                        resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads, sequences=sequences,
-                        answers_only=args.answers_only)
+    r = trainer.run(model, ids, cfg, args.out, max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch,
+                    resume=resume, progress=not args.no_progress, medusa_heads=medusa_heads, sequences=sequences,
+                    answers_only=args.answers_only)
     if args.answers_only:
         print(f"wrote {os.path.abspath(r['sequences'])}: {r['n']} answered prompts")
         return 0

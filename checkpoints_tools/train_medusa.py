@@ -1,7 +1,7 @@
 """``python -m checkpoints_tools train-medusa``: train Medusa-1 heads for a target (Cai et al.
 2024, "Medusa", Sec. 2.1, Medusa-1: the target frozen, the heads trained on its final hidden
 states), with the data, optimizer, checkpoints and progress of ``train-eagle``
-(``checkpoints_tools.train_eagle.run(..., medusa_heads=k)``).
+(``checkpoints_tools.trainer.run(..., medusa_heads=k)``).
 
 Head i at position t reads the target's final hidden state at t and is trained to predict
 the target's own greedy token at ``t + 2 + i`` (the argmax of the target's distribution at
@@ -19,7 +19,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from checkpoints_tools.train_eagle import Dataset, _shift, _window
+from checkpoints_tools.head_dataset import Dataset, shift_left, take_window
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import medusa
 
@@ -68,8 +68,9 @@ class MedusaRecipe:
         if span:
             lo = jnp.maximum(jnp.argmax(mask, axis=1) - self.n_heads, 0)
             size = span + self.n_heads  # labels run n_heads past the features
-            feats = _window(feats, lo, span)
-            top, mask = _window(top, lo, size), _window(mask, lo, size) & (lo[:, None] + jnp.arange(size) < t)
+            feats = take_window(feats, lo, span)
+            top = take_window(top, lo, size)
+            mask = take_window(mask, lo, size) & (lo[:, None] + jnp.arange(size) < t)
         params = {"heads": head["heads"], "out": frozen}
         if self.draft_vocab:
             d2t = batch["d2t"]
@@ -78,8 +79,8 @@ class MedusaRecipe:
         ces, accs = [], []
         for i in range(self.n_heads):
             logits = medusa.head_logits(params, self.config, feats, i)
-            target = _shift(top, i + 1)[:, : feats.shape[1]]  # the target's token, a target id
-            valid = _shift(mask, i + 1)[:, : feats.shape[1]].astype(jnp.float32)
+            target = shift_left(top, i + 1)[:, : feats.shape[1]]  # the target's token, a target id
+            valid = shift_left(mask, i + 1)[:, : feats.shape[1]].astype(jnp.float32)
             drafted = jnp.argmax(logits, axis=-1)
             label, in_vocab = target, valid
             if self.draft_vocab:  # labels as draft indices (-1: not draftable), drafts as target ids

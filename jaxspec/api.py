@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import time
 import weakref
 from typing import Any, Sequence

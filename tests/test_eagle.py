@@ -2,7 +2,7 @@
 
 Exactness does not depend on training: a random head drafts mostly wrong tokens, and greedy
 output must still equal plain decoding token for token (invariant 1). Training tests use a
-short run on the tiny target (``checkpoints_tools.train_eagle``)."""
+short run on the tiny target (``checkpoints_tools.trainer``, ``checkpoints_tools.train_eagle``)."""
 
 from __future__ import annotations
 
@@ -72,15 +72,15 @@ import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 
-from checkpoints_tools import drafter_data, train_eagle  # noqa: E402
+from checkpoints_tools import drafter_data, head_dataset, train_eagle, trainer  # noqa: E402
 from jaxspec.checkpoints import heads  # noqa: E402
 
 # 32 random prompts of 3-9 tokens answered with 24 tokens each; 8 held out. Settings from a
 # run on this machine: 60 AdamW steps of 8 sequences take the held-out step-0 acceptance from
 # 0.005 (untrained) to 0.26 and the held-out loss from 10.55 to 9.19 (soft labels: the target's
 # 32 most probable draft tokens of 48).
-TRAIN = train_eagle.TrainConfig(draft_vocab=DRAFT_VOCAB, steps=60, batch=8, lr=3e-3, warmup=5, unroll=3,
-                                eval_every=60, save_every=30, holdout=0.25)
+TRAIN = trainer.TrainConfig(draft_vocab=DRAFT_VOCAB, steps=60, batch=8, lr=3e-3, warmup=5, unroll=3,
+                            eval_every=60, save_every=30, holdout=0.25)
 
 
 def _prompts(tiny):
@@ -95,8 +95,8 @@ def trained(tiny, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("eagle") / "run")
     model = jaxspec.Model(tiny.params, tiny.cfg)
     # 4 prompts per generate call and 24 new tokens: the plain program of the batch-3 tests
-    result = train_eagle.run(model, _prompts(tiny), TRAIN, out, max_new_tokens=tiny.max_new, gen_batch=4,
-                             progress=False, log=lambda *_: None)
+    result = trainer.run(model, _prompts(tiny), TRAIN, out, max_new_tokens=tiny.max_new, gen_batch=4,
+                         progress=False, log=lambda *_: None)
     return out, model, result
 
 
@@ -168,14 +168,14 @@ def test_answer_window_losses_equal_every_position_losses(tiny, trained):
     carry no loss. Float32; 1e-5 relative is summation-order noise (the sums run over
     different lengths), far below the 0.3 nats the first 60 steps move the loss."""
     out, model, r = trained
-    data = train_eagle.Dataset.load(os.path.join(out, "data.npz"))
-    span = train_eagle.answer_span(data.loss_mask)
+    data = head_dataset.Dataset.load(os.path.join(out, "data.npz"))
+    span = head_dataset.answer_span(data.loss_mask)
     assert span == int(data.loss_mask.sum(axis=1).max()) < data.loss_mask.shape[1]  # answers: contiguous, shorter
-    batch = train_eagle._device_batch(data, np.arange(8))
+    batch = trainer._device_batch(data, np.arange(8))
     got = {}
     for s in (0, span):
         rec = train_eagle.EagleRecipe(r["config"], TRAIN.unroll, span=s)
-        (loss, (ce, acc)), grads = jax.value_and_grad(train_eagle._loss, has_aux=True)(
+        (loss, (ce, acc)), grads = jax.value_and_grad(trainer._loss, has_aux=True)(
             r["head"], model.params["embed"], batch, rec, TRAIN.decay)
         got[s] = (loss, ce, acc, grads)
     full, window = got[0], got[span]
@@ -192,18 +192,18 @@ def test_batches_cut_to_their_rows_lengths_give_the_losses_of_all_columns(tiny, 
     192 columns (the attention is causal: later columns reach no loss). Float32; 1e-5 relative
     is summation-order noise (sums over other lengths), as in the answer-window test."""
     out, model, r = trained
-    data = train_eagle.Dataset.load(os.path.join(out, "data.npz"))
-    wide = train_eagle.Dataset(*(np.pad(getattr(data, f.name), [(0, 0), (0, 128)] + [(0, 0)] *
-                                        (getattr(data, f.name).ndim - 2))
-                                 for f in dataclasses.fields(data) if f.name != "d2t"), d2t=data.d2t)
-    assert set(train_eagle.row_lengths(wide.loss_mask)) == {64}
+    data = head_dataset.Dataset.load(os.path.join(out, "data.npz"))
+    wide = head_dataset.Dataset(*(np.pad(getattr(data, f.name), [(0, 0), (0, 128)] + [(0, 0)] *
+                                         (getattr(data, f.name).ndim - 2))
+                                  for f in dataclasses.fields(data) if f.name != "d2t"), d2t=data.d2t)
+    assert set(head_dataset.row_lengths(wide.loss_mask)) == {64}
     idx = np.arange(8)
-    cut = train_eagle._device_batch(wide, idx)
+    cut = trainer._device_batch(wide, idx)
     assert cut["tokens"].shape == (8, 64)
-    full = {n: jnp.asarray(getattr(wide, n)[idx]) for n in train_eagle.BATCH_FIELDS}
+    full = {n: jnp.asarray(getattr(wide, n)[idx]) for n in head_dataset.BATCH_FIELDS}
     full["d2t"] = jnp.asarray(wide.d2t)
-    rec = train_eagle.EagleRecipe(r["config"], TRAIN.unroll, span=train_eagle.answer_span(wide.loss_mask))
-    got = [jax.value_and_grad(train_eagle._loss, has_aux=True)(r["head"], model.params["embed"], b, rec, TRAIN.decay)
+    rec = train_eagle.EagleRecipe(r["config"], TRAIN.unroll, span=head_dataset.answer_span(wide.loss_mask))
+    got = [jax.value_and_grad(trainer._loss, has_aux=True)(r["head"], model.params["embed"], b, rec, TRAIN.decay)
            for b in (cut, full)]
     (loss_c, (ce_c, acc_c)), g_c = got[0]
     (loss_f, (ce_f, acc_f)), g_f = got[1]
@@ -222,10 +222,10 @@ def test_batches_grouped_by_length_draw_every_row_alike():
     uniformly would give it 50% too many). Without grouping, or with one bucket: the uniform
     draw of (seed, step)."""
     lengths = np.array([64] * 10 + [128] * 30 + [192] * 5)
-    cfg = train_eagle.TrainConfig(batch=4, seed=3)
+    cfg = trainer.TrainConfig(batch=4, seed=3)
     counts = np.zeros(len(lengths))
     for step in range(4000):
-        rows = train_eagle.batch_indices(cfg, step, lengths)
+        rows = head_dataset.batch_indices(cfg, step, lengths)
         assert len(set(lengths[rows])) == 1, rows
         np.add.at(counts, rows, 1)
     for n in (64, 128, 192):
@@ -233,8 +233,8 @@ def test_batches_grouped_by_length_draw_every_row_alike():
     uniform = dataclasses.replace(cfg, group_by_length=False)
     for step in range(5):
         expect = np.random.default_rng([cfg.seed, step]).choice(45, 4, replace=False)
-        np.testing.assert_array_equal(train_eagle.batch_indices(uniform, step, lengths), expect)
-        np.testing.assert_array_equal(train_eagle.batch_indices(cfg, step, np.full(45, 64)), expect)
+        np.testing.assert_array_equal(head_dataset.batch_indices(uniform, step, lengths), expect)
+        np.testing.assert_array_equal(head_dataset.batch_indices(cfg, step, np.full(45, 64)), expect)
 
 
 def test_target_features_of_rows_of_other_lengths_equal_a_whole_row_pass(tiny):
@@ -246,10 +246,10 @@ def test_target_features_of_rows_of_other_lengths_equal_a_whole_row_pass(tiny):
     seqs = [(rng.integers(1, 64, size=n).tolist(), 5) for n in (100, 20, 70)]
     d2t = np.arange(DRAFT_VOCAB, dtype=np.int32)
     cap = eagle3.EagleConfig(tiny.cfg, DRAFT_VOCAB).capture
-    data = train_eagle.build_dataset(tiny.params, tiny.cfg, seqs, d2t, cap, batch=1, soft_topk=4)
+    data = head_dataset.build_dataset(tiny.params, tiny.cfg, seqs, d2t, cap, batch=1, soft_topk=4)
     assert data.tokens.shape == (3, 128)
-    feats, ids, probs, top = train_eagle._teacher_forced(tiny.params, jnp.asarray(data.tokens), jnp.asarray(d2t),
-                                                         config=tiny.cfg, capture=tuple(cap), k=4)
+    feats, ids, probs, top = head_dataset._teacher_forced(tiny.params, jnp.asarray(data.tokens), jnp.asarray(d2t),
+                                                          config=tiny.cfg, capture=tuple(cap), k=4)
     for i, (ids_i, _) in enumerate(seqs):
         n = len(ids_i)
         np.testing.assert_allclose(data.features[i, :n], feats[i, :n], rtol=1e-5, atol=1e-5)
@@ -262,18 +262,18 @@ def test_checkpoint_restores_bit_identical_and_resume_equals_straight(tiny, trai
     """A checkpoint restores exactly what was saved; resuming at step 30 gives, bit for bit,
     the head of the straight 60-step run (batches depend on seed and step only)."""
     out, model, r = trained
-    assert train_eagle.saved_steps(out) == [30, 60]
+    assert trainer.saved_steps(out) == [30, 60]
     cfg = r["config"]
-    opt = train_eagle.optimizer(TRAIN).init(r["head"])
-    state = train_eagle.restore_state(out, 60, {"head": r["head"], "opt_state": opt})
+    opt = trainer.optimizer(TRAIN).init(r["head"])
+    state = trainer.restore_state(out, 60, {"head": r["head"], "opt_state": opt})
     for a, b in zip(jax.tree_util.tree_leaves(state["head"]), jax.tree_util.tree_leaves(r["head"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     again = str(tmp_path / "resume")
     shutil.copytree(out, again)
     shutil.rmtree(os.path.join(again, "checkpoints", "60"))
-    data = train_eagle.Dataset.load(os.path.join(out, "data.npz"))
-    resumed = train_eagle.train(model.params, model.config, data, TRAIN, again, resume_from=30, progress=False,
-                                write_head=False)
+    data = head_dataset.Dataset.load(os.path.join(out, "data.npz"))
+    resumed = trainer.train(model.params, model.config, data, TRAIN, again, resume_from=30, progress=False,
+                            write_head=False)
     for a, b in zip(jax.tree_util.tree_leaves(resumed["head"]), jax.tree_util.tree_leaves(r["head"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert resumed["config"] == cfg
@@ -316,8 +316,8 @@ def test_missing_or_truncated_head_file_is_refused(trained, tmp_path):
 def test_bad_training_input_is_refused_before_compiling(tiny, tmp_path):
     """Empty data, a draft vocabulary larger than the target's, a bad setting: errors naming
     the file or the setting and its limit, before any program is compiled."""
-    programs = lambda: (len(jaxspec.api._COMPILED), train_eagle._train_step._cache_size(),  # noqa: E731
-                        train_eagle._teacher_forced._cache_size())
+    programs = lambda: (len(jaxspec.api._COMPILED), trainer._train_step._cache_size(),  # noqa: E731
+                        head_dataset._teacher_forced._cache_size())
     before = programs()
     model = jaxspec.Model(tiny.params, tiny.cfg)
     empty = tmp_path / "empty.jsonl"
@@ -329,12 +329,12 @@ def test_bad_training_input_is_refused_before_compiling(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"bad.jsonl:2: expected"):
         drafter_data.read_prompts([str(bad)])
     with pytest.raises(ValueError, match=r"--draft-vocab must be in \[2, 64\] \(the target's vocabulary\), got 65"):
-        train_eagle.run(model, [[1, 2]], train_eagle.TrainConfig(draft_vocab=65), str(tmp_path / "o"))
+        trainer.run(model, [[1, 2]], trainer.TrainConfig(draft_vocab=65), str(tmp_path / "o"))
     with pytest.raises(ValueError, match=r"--warmup must be in \[0, steps=10\), got 10"):
-        train_eagle.run(model, [[1, 2]], train_eagle.TrainConfig(draft_vocab=8, steps=10, warmup=10),
-                        str(tmp_path / "o"))
+        trainer.run(model, [[1, 2]], trainer.TrainConfig(draft_vocab=8, steps=10, warmup=10),
+                    str(tmp_path / "o"))
     with pytest.raises(ValueError, match=r"the training data is empty: no prompt"):
-        train_eagle.run(model, [], train_eagle.TrainConfig(draft_vocab=8), str(tmp_path / "o"))
+        trainer.run(model, [], trainer.TrainConfig(draft_vocab=8), str(tmp_path / "o"))
     assert programs() == before and not os.path.exists(tmp_path / "o" / "data.npz")
 
 
@@ -345,15 +345,15 @@ import jax, numpy as np
 sys.path.insert(0, "tests")
 from conftest import TARGET
 from jaxspec import models
-from checkpoints_tools import train_eagle as te
+from checkpoints_tools import head_dataset, trainer
 params = models.init_params(TARGET, jax.random.key(0), scale=1.0)
 rng = np.random.default_rng(0)
-data = te.build_dataset(params, TARGET, [(rng.integers(1, 64, size=30).tolist(), 8) for _ in range(16)],
-                        np.arange(48, dtype=np.int32), (0, 0, 1))
-cfg = te.TrainConfig(draft_vocab=48, steps=6, batch=8, lr=3e-3, warmup=1, unroll=2, eval_every=6, save_every=6,
-                     holdout=0.25)
-runs = [te.train(params, TARGET, data, cfg, os.path.join(sys.argv[1], str(dp)), progress=False, write_head=False,
-                 data_parallel=dp) for dp in (False, True)]
+data = head_dataset.build_dataset(params, TARGET, [(rng.integers(1, 64, size=30).tolist(), 8) for _ in range(16)],
+                                  np.arange(48, dtype=np.int32), (0, 0, 1))
+cfg = trainer.TrainConfig(draft_vocab=48, steps=6, batch=8, lr=3e-3, warmup=1, unroll=2, eval_every=6, save_every=6,
+                          holdout=0.25)
+runs = [trainer.train(params, TARGET, data, cfg, os.path.join(sys.argv[1], str(dp)), progress=False, write_head=False,
+                      data_parallel=dp) for dp in (False, True)]
 print(max(abs(a - b) for a, b in zip(runs[0]["losses"], runs[1]["losses"])))
 print(type(jax.tree_util.tree_leaves(runs[1]["head"])[0].sharding).__name__)
 """
@@ -403,15 +403,15 @@ def test_fresh_run_reuses_data_prepared_for_the_same_data_settings(tiny, trained
         shutil.copy(os.path.join(out, name), again)
     seqs = drafter_data.load_sequences(os.path.join(out, "sequences.json"), model.params)
     built = []
-    real = train_eagle.build_dataset
-    monkeypatch.setattr(train_eagle, "build_dataset", lambda *a, **k: built.append(1) or real(*a, **k))
+    real = head_dataset.build_dataset
+    monkeypatch.setattr(trainer, "build_dataset", lambda *a, **k: built.append(1) or real(*a, **k))
     quick = dataclasses.replace(TRAIN, steps=2, warmup=1, save_every=2, eval_every=2, lr=1e-3)
-    train_eagle.run(model, [], quick, again, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
-                    log=lambda *_: None, sequences=seqs)
+    trainer.run(model, [], quick, again, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
+                log=lambda *_: None, sequences=seqs)
     assert built == []
     shutil.rmtree(os.path.join(again, "checkpoints"))
-    train_eagle.run(model, [], dataclasses.replace(quick, soft_topk=8), again, max_new_tokens=tiny.max_new,
-                    gen_batch=4, progress=False, log=lambda *_: None, sequences=seqs)
+    trainer.run(model, [], dataclasses.replace(quick, soft_topk=8), again, max_new_tokens=tiny.max_new,
+                gen_batch=4, progress=False, log=lambda *_: None, sequences=seqs)
     assert built == [1]
 
 
@@ -422,12 +422,12 @@ def test_output_head_starts_from_the_target_and_frozen_stays_there(tiny, trained
     the seed's random init ("random": all of it); "frozen": training steps that move every
     other entry leave the output layer exactly those columns."""
     out, model, _ = trained
-    data = train_eagle.Dataset.load(os.path.join(out, "data.npz"))
+    data = head_dataset.Dataset.load(os.path.join(out, "data.npz"))
     assert not tiny.cfg.tie_embeddings
     cols = np.asarray(tiny.params["lm_head"])[:, data.d2t]
     config = eagle3.EagleConfig(tiny.cfg, DRAFT_VOCAB)
     init = {mode: train_eagle.EagleRecipe(config, TRAIN.unroll, lm_head=mode).init(
-        jax.random.key(TRAIN.seed), tiny.params, data.d2t) for mode in train_eagle.LM_HEAD_INITS}
+        jax.random.key(TRAIN.seed), tiny.params, data.d2t) for mode in trainer.LM_HEAD_INITS}
     assert not np.allclose(init["random"]["lm_head"], cols)
     for mode in ("target", "frozen"):
         np.testing.assert_array_equal(init[mode]["lm_head"], cols)
@@ -439,8 +439,8 @@ def test_output_head_starts_from_the_target_and_frozen_stays_there(tiny, trained
     tied_init = tied_recipe.init(jax.random.key(0), tied_params, data.d2t)
     np.testing.assert_array_equal(tied_init["lm_head"], np.asarray(tiny.params["embed"])[data.d2t].T)
     frozen = dataclasses.replace(TRAIN, steps=3, warmup=1, save_every=3, eval_every=3, lm_head="frozen")
-    head = train_eagle.train(tiny.params, tiny.cfg, data, frozen, str(tmp_path / "frozen"), progress=False,
-                             write_head=False, log=lambda *_: None)["head"]
+    head = trainer.train(tiny.params, tiny.cfg, data, frozen, str(tmp_path / "frozen"), progress=False,
+                         write_head=False, log=lambda *_: None)["head"]
     np.testing.assert_array_equal(head["lm_head"], cols)
     assert not np.allclose(head["fc"], init["frozen"]["fc"]) and not np.allclose(head["norm"], init["frozen"]["norm"])
     with pytest.raises(ValueError, match="--lm-head must be one of random, target, frozen, got 'tied'"):
@@ -456,16 +456,16 @@ def test_answered_sequences_and_new_prompts_train_together(tiny, trained, tmp_pa
     new = _prompts(tiny)[-4:][::-1]  # reversed: not the answers already made
     quick = dataclasses.replace(TRAIN, steps=1, warmup=0, save_every=1, eval_every=1)
     both = str(tmp_path / "both")
-    r = train_eagle.run(model, new, quick, both, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
-                        log=lambda *_: None, sequences=seqs)
+    r = trainer.run(model, new, quick, both, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
+                    log=lambda *_: None, sequences=seqs)
     saved = drafter_data.load_sequences(os.path.join(both, "sequences.json"), model.params)
     plain = jaxspec.generate(model, new, max_new_tokens=tiny.max_new).tokens
     assert saved[:4] == seqs and saved[4:] == [(p + t, len(p)) for p, t in zip(new, plain)]
     assert len(r["losses"]) == 1
     # answers_only: the same sequences.json, then stop (no features, no checkpoint)
     only = str(tmp_path / "only")
-    r = train_eagle.run(model, new, quick, only, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
-                        log=lambda *_: None, sequences=seqs, answers_only=True)
+    r = trainer.run(model, new, quick, only, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
+                    log=lambda *_: None, sequences=seqs, answers_only=True)
     assert r == {"sequences": os.path.join(only, "sequences.json"), "n": 8}
     assert drafter_data.load_sequences(r["sequences"], model.params) == saved
     assert sorted(os.listdir(only)) == ["sequences.json", "train.json"]

@@ -28,7 +28,7 @@ def test_summarize_bins(head_confidence):
 def test_training_rows_leave_out_what_the_split_held_out(head_confidence):
     """The shipped SmolLM2 head trained on two files concatenated (884 + 997 answers, seed 0,
     holdout 0.1: its head.json); of the second file's first 26 rows, 6, 14 and 24 fell in the
-    held-out tenth (train_eagle.split_indices), so a "trained" set must not hold them."""
+    held-out tenth (head_dataset.split_indices), so a "trained" set must not hold them."""
     from conftest import smollm2
 
     data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints_tools", "data")

@@ -56,16 +56,16 @@ def test_train_medusa_raises_held_out_acceptance_and_loads(tiny, tmp_path, draft
     asserted: loss down > 0.6, acceptance up > 0.05."""
     import numpy as np
 
-    from checkpoints_tools import train_eagle
+    from checkpoints_tools import trainer
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(1, tiny.cfg.vocab_size, size=int(rng.integers(3, 10))).tolist() for _ in range(32)]
-    cfg = train_eagle.TrainConfig(draft_vocab=draft_vocab, steps=60, batch=8, lr=3e-2, warmup=5, eval_every=60, save_every=60,
-                                  holdout=0.25)
+    cfg = trainer.TrainConfig(draft_vocab=draft_vocab, steps=60, batch=8, lr=3e-2, warmup=5, eval_every=60, save_every=60,
+                              holdout=0.25)
     model = jaxspec.Model(tiny.params, tiny.cfg)
     out = str(tmp_path / "medusa")
-    r = train_eagle.run(model, prompts, cfg, out, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
-                        medusa_heads=2, log=lambda *_: None)
+    r = trainer.run(model, prompts, cfg, out, max_new_tokens=tiny.max_new, gen_batch=4, progress=False,
+                    medusa_heads=2, log=lambda *_: None)
     first, last = r["initial"]["acceptance"], r["final"]["acceptance"]
     assert r["final"]["loss"] < r["initial"]["loss"] - 0.6, (r["initial"]["loss"], r["final"]["loss"])
     assert last[0] > first[0] + 0.05, (first, last)
