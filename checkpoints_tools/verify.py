@@ -75,7 +75,7 @@ def prompt_ids(model, n_random: int = 24) -> list[list[int]]:
         rng = np.random.default_rng(0)
         return [rng.integers(0, model.config.vocab_size, n_random).tolist() for _ in PROMPTS]
     bos = [model.config.bos_id] if model.config.bos_id >= 0 else []
-    return [bos + model.tokenizer.encode(p) for p in PROMPTS]
+    return [bos + model.tokenizer.encode(p, add_bos=False) for p in PROMPTS]
 
 
 def verify(name_or_path: str) -> dict:

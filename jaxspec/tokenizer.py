@@ -319,8 +319,10 @@ class Tokenizer:
     @classmethod
     def from_hf_dir(cls, path: str | os.PathLike) -> "Tokenizer":
         """A Hugging Face tokenizer directory: ``tokenizer.json`` (the ``tokenizers`` pipeline, used
-        as is), ``tokenizer_config.json`` (BOS/EOS tokens, ``chat_template``) and optionally
-        ``chat_template.jinja`` (transformers 5 writes the template there).
+        as is), ``tokenizer_config.json`` (BOS/EOS tokens, ``add_bos_token``, ``chat_template``) and
+        optionally ``chat_template.jinja`` (transformers 5 writes the template there). Without
+        ``add_bos_token``, ``add_bos`` is what the pipeline's post-processor does (transformers'
+        ``encode`` default: ``add_special_tokens=True``).
 
         Raises:
           FileNotFoundError: no ``tokenizer.json`` in ``path``.
@@ -360,7 +362,10 @@ class Tokenizer:
         self.name, self._vocab_size, self.model, self.pre = path, size, "hf", None
         self.bos_id = token_id("bos_token")
         self.eos_ids = tuple(i for i in (token_id("eos_token"),) if i >= 0)
-        self.chat_template, self.add_bos, self._template = template, False, None
+        add_bos = cfg.get("add_bos_token")
+        if add_bos is None:  # the post-processor's choice (a Llama-style TemplateProcessing adds BOS)
+            add_bos = self.bos_id >= 0 and backend.encode("a", add_special_tokens=True).ids[:1] == [self.bos_id]
+        self.chat_template, self.add_bos, self._template = template, bool(add_bos), None
         self.special_ids = frozenset(i for i, t in backend.get_added_tokens_decoder().items() if t.special)
         self.backend = backend
         return self
@@ -409,9 +414,12 @@ class Tokenizer:
 
         Args:
           text: the string to encode.
-          add_bos: prepend ``bos_id``; default ``False`` (the GGUF's ``add_bos_token`` flag is
-            kept in ``self.add_bos`` but not applied implicitly; chat templates add their own
-            markers).
+          add_bos: prepend ``bos_id``. ``None`` (default): as the model's tokenizer says
+            (``self.add_bos``: the GGUF's ``tokenizer.ggml.add_bos_token``, an HF directory's
+            ``add_bos_token`` or its post-processor), as llama.cpp and transformers' ``encode``
+            do, and not when the text already starts with the BOS token (a chat template's
+            ``{{ bos_token }}``). Pass ``False`` for text a chat template rendered, ``True`` to
+            prepend it whatever the text holds.
 
         Returns:
           list of int ids in ``[0, vocab_size)``.
@@ -423,6 +431,8 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TypeError(f"Tokenizer.encode: text must be str, got {type(text).__name__}")
         ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_bos is None:
+            add_bos = self.add_bos and self.bos_id >= 0 and ids[:1] != [self.bos_id]
         if add_bos:
             if self.bos_id < 0:
                 raise ValueError(f"{self.name}: add_bos=True but the tokenizer has no BOS id")

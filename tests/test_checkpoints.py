@@ -174,3 +174,16 @@ def test_hf_tokenizer_travels_through_orbax(tiny_hf, tmp_path):
         assert (m.tokenizer.bos_id, m.tokenizer.eos_ids, m.tokenizer.vocab_size) == (1, (2,), 64), path
         assert m.tokenizer.encode("w3 w60") == [6, 63]
         assert m.tokenizer.apply_chat_template([{"role": "user", "content": "w5"}]) == "<s>w5"
+    # BOS as transformers' encode adds it: tokenizer_config's add_bos_token, else the post-processor
+    from tokenizers.processors import TemplateProcessing
+
+    from jaxspec.tokenizer import Tokenizer
+
+    config = json.loads((src / "tokenizer_config.json").read_text())
+    (src / "tokenizer_config.json").write_text(json.dumps({**config, "add_bos_token": True}))
+    assert Tokenizer.from_hf_dir(src).encode("w3 w60") == [1, 6, 63]
+    (src / "tokenizer_config.json").write_text(json.dumps(config))
+    tk.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tk.save(str(src / "tokenizer.json"))
+    assert Tokenizer.from_hf_dir(src).encode("w3 w60") == [1, 6, 63]
+    assert Tokenizer.from_hf_dir(src).encode("w3 w60", add_bos=False) == [6, 63]

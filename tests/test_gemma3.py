@@ -71,6 +71,22 @@ def test_config_and_chat_template():
     assert tok.encode(text)[:3] == [2, 105, 2364]  # <bos>, <start_of_turn>, "user"
 
 
+def test_raw_prompts_start_with_bos():
+    """The GGUF says add_bos_token: text encodes with BOS first, as llama.cpp and transformers do
+    (without it the 270M model degenerates: "France. The The The ..."), once even when the text
+    holds ``<bos>`` already (a chat template's), and ``generate``'s raw and chat prompts agree."""
+    from jaxspec.api import _prompt_ids
+
+    tok = gemma().tokenizer
+    assert tok.add_bos
+    hi = tok.encode("Hi", add_bos=False)
+    assert tok.encode("Hi") == [2] + hi and tok.encode("<bos>Hi") == [2] + hi
+    assert tok.encode("<bos>Hi", add_bos=True) == [2, 2] + hi  # asked for explicitly
+    assert _prompt_ids("Hi", tok, chat=False) == [[2] + hi]
+    chat = _prompt_ids("Hi", tok, chat=True)[0]
+    assert chat[:2] == [2, 105] and chat.count(2) == 1
+
+
 @functools.lru_cache(maxsize=1)
 def plain():
     return jaxspec.generate(gemma(), PROMPTS, max_new_tokens=NEW_TOKENS)
