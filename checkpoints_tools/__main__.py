@@ -10,25 +10,48 @@ import dataclasses
 import sys
 
 from checkpoints_tools.trainer import LM_HEAD_INITS, TrainConfig
+from jaxspec.checkpoints.packaged import MODELS
+
+# train-eagle / train-medusa: what each TrainConfig setting does (its docstring has the details)
+TRAIN_HELP = {
+    "draft_vocab": "tokens the head can draft: the most frequent answer tokens",
+    "steps": "optimizer steps", "batch": "sequences per step", "lr": "peak learning rate",
+    "warmup": "linear warmup steps, then cosine decay",
+    "final_lr_frac": "the cosine decay's end, as a fraction of --lr",
+    "weight_decay": "AdamW weight decay", "clip": "global gradient-norm clip",
+    "unroll": "training-time-test steps (the head fed its own hidden states)",
+    "decay": "weight ratio of successive unrolled steps' (or heads') losses",
+    "seed": "seeds the head's init, the batches and the held-out split",
+    "holdout": "fraction of sequences held out for evaluation", "save_every": "steps between checkpoints",
+    "eval_every": "steps between held-out evaluations", "ffn_dim": "the head layer's MLP width (0: the target's)",
+    "soft_topk": "target probabilities kept per position for the soft labels (0: all)",
+    "group_by_length": "draw each batch from one length bucket (less padding)",
+    "lm_head": "the head's output layer: random init, the target's head rows (trained), or those frozen",
+}
 
 
 def main(argv=None) -> int:
     """Run the CLI; returns the exit status (0 ok, 1 verify over tolerance, 2 bad input)."""
-    parser = argparse.ArgumentParser(prog="python -m checkpoints_tools", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m checkpoints_tools",
+                                     description=" ".join(__doc__.split("\n\n")[0].split()).split(": ", 1)[1])
     sub = parser.add_subparsers(dest="command", required=True)
     c = sub.add_parser("convert", help="GGUF / HF safetensors -> orbax, streaming tensor by tensor")
-    c.add_argument("src", help="source: .gguf file, known model name (smollm2-135m, gemma3-270m) or HF directory")
-    c.add_argument("--from", dest="src_format", required=True, choices=["gguf", "hf"])
-    c.add_argument("--to", dest="dst_format", default="orbax", choices=["orbax"])
+    c.add_argument("src", help=f"source: .gguf file, packaged model name ({', '.join(MODELS)}) or HF directory")
+    c.add_argument("--from", dest="src_format", required=True, choices=["gguf", "hf"],
+                   help="source format: gguf (a .gguf file or packaged model name) or hf (safetensors directory)")
+    c.add_argument("--to", dest="dst_format", default="orbax", choices=["orbax"],
+                   help="destination format (default: orbax)")
     c.add_argument("dst", help="destination orbax directory (must not exist unless --overwrite)")
-    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    c.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="dtype the weights are stored in (default: float32)")
     c.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     i = sub.add_parser("inspect", help="architecture, shapes, dtypes, parameter count, bytes")
-    i.add_argument("path")
+    i.add_argument("path", help=f"packaged model name ({', '.join(MODELS)}), .gguf file, HF or orbax directory")
     i.add_argument("--all", action="store_true", help="list every tensor, not only the first layer's")
     v = sub.add_parser("verify", help="jaxspec logits vs transformers on fixed prompts")
-    v.add_argument("path")
-    v.add_argument("--reference", default="transformers", choices=["transformers"])
+    v.add_argument("path", help="packaged model name, .gguf file or HF directory (what transformers can read)")
+    v.add_argument("--reference", default="transformers", choices=["transformers"],
+                   help="what the logits are compared with (default: transformers)")
     v.add_argument("--atol", type=float, default=None, help="exit 1 when the max absolute error exceeds this")
     h = sub.add_parser("convert-head", help="rewrite a trained head in another dtype (what ships: bfloat16)")
     h.add_argument("src", help="head directory (OUT/head of train-eagle / train-medusa)")
@@ -74,11 +97,11 @@ def main(argv=None) -> int:
             whole = "; 0: the whole vocabulary" if (name, f.name) == ("train-medusa", "draft_vocab") else ""
             if isinstance(f.default, bool):  # --group-by-length / --no-group-by-length
                 t.add_argument("--" + f.name.replace("_", "-"), action=argparse.BooleanOptionalAction,
-                               default=f.default, help=f"(default: {f.default})")
+                               default=f.default, help=f"{TRAIN_HELP[f.name]} (default: {f.default})")
                 continue
             choices = LM_HEAD_INITS if f.name == "lm_head" else None  # the EAGLE head's output-layer init
             t.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default, choices=choices,
-                           help=f"(default: {f.default}{whole})")
+                           help=f"{TRAIN_HELP[f.name]} (default: {f.default}{whole})")
     args = parser.parse_args(argv)
 
     try:
