@@ -5,7 +5,12 @@ Spec-Bench). Progress goes to stderr, results to stdout: the text, or with ``--j
 object per prompt (``text`` and ``tokens`` of the first sample, ``samples`` with each sample's
 text, tokens, finish and stop reason and logprobs, ``metrics``). ``--compare`` also runs plain
 decoding of the same engine and settings on the same prompts and prints the speedup and
-whether outputs match (tokens, text and logprobs; under greedy decoding they must).
+whether outputs match (tokens and text, and with ``--logprobs`` logprobs; under greedy decoding
+they must); where the batch policy turned speculation off it says so instead of a speedup.
+
+An option that the chosen ``--drafter`` does not read (``DRAFTER_OPTIONS``) is an error, as is
+every bad drafter setting that can be told without the model's weights: all before the model
+loads. Errors from jaxspec name the flags, not its parameters (``PARAM_FLAGS``).
 
 ``--synthetic-acceptance RATE[,RATE...]`` (or ``--synthetic-tau TAU``) accepts drafts at random
 with the given conditional rates (``jaxspec.synthetic``), to measure speed at a chosen tau
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import warnings
@@ -49,15 +55,16 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--medusa-heads", metavar="PATH",
                    help="Medusa heads directory for --drafter medusa (python -m checkpoints_tools train-medusa; "
                         "default: the heads that ship for --model, if they do)")
-    g.add_argument("--medusa-topk", default="", metavar="K1,K2,..",
+    g.add_argument("--medusa-topk", default=None, metavar="K1,K2,..",
                    help="--drafter medusa: children per node at each depth, e.g. 3,2,2 (default: a chain of --gamma)")
     g.add_argument("--gamma", type=int, default=None,
-                   help="draft tokens per verify step: a chain's length, a tree's depth (default: 4)")
+                   help="draft tokens per verify step: a chain's length, a tree's depth (default: 4; medusa: the "
+                        "number of --medusa-topk entries, which --gamma must equal if both are given)")
     g.add_argument("--tree-nodes", type=int, default=None, metavar="N",
                    help="draft a tree of N nodes instead of a chain (0 = chain, default); ngram: N = branches x "
                         "gamma (N must be a multiple of gamma), model/early-exit/eagle: EAGLE-2 top-k tree of depth "
                         "gamma")
-    g.add_argument("--branching", type=int, default=4, metavar="K",
+    g.add_argument("--branching", type=int, default=None, metavar="K",
                    help="model/early-exit/eagle trees: children per expanded node (default: 4)")
     g.add_argument("--draft-confidence", type=float, default=None, metavar="C",
                    help="model/early-exit/eagle chains: stop a chain where the drafter's cumulative probability of "
@@ -65,16 +72,16 @@ def _parser() -> argparse.ArgumentParser:
                         "chains, 0 otherwise); lossless")
     g.add_argument("--early-exit-layers", type=int, default=None,
                    help="target layers the early-exit drafter keeps (default: a quarter of them)")
-    g.add_argument("--ngram-max", type=int, default=3, help="longest n-gram matched (default: 3)")
-    g.add_argument("--ngram-min", type=int, default=2, help="shortest n-gram matched (default: 2)")
+    g.add_argument("--ngram-max", type=int, default=None, help="longest n-gram matched (default: 3)")
+    g.add_argument("--ngram-min", type=int, default=None, help="shortest n-gram matched (default: 2)")
     g.add_argument("--ngram-branch-min", type=int, default=None, metavar="N",
                    help="ngram tree: the shortest n-gram with which a match other than the best drafts a branch "
                         "(default: --ngram-max)")
-    g.add_argument("--short-gamma", type=int, default=0, metavar="G",
+    g.add_argument("--short-gamma", type=int, default=None, metavar="G",
                    help="ngram, adaptive depth: draft G tokens from a match that extends over fewer than "
                         "--long-match tokens, --gamma from a longer one (copying; a tree then drafts that match alone); "
                         "0 = off (default)")
-    g.add_argument("--long-match", type=int, default=16, metavar="L",
+    g.add_argument("--long-match", type=int, default=None, metavar="L",
                    help="ngram with --short-gamma: the match extent (tokens) that counts as copying (default: 16)")
     la = g.add_argument_group("lookahead decoding (--drafter lookahead; Fu et al. 2024): a step verifies "
                               "1 + (window + guesses) x (ngram - 1) tokens")
@@ -86,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--mesh", metavar="DATAxMODEL", default=None,
                    help="run on a device mesh, e.g. 1x8: batch rows over DATA devices, the target tensor-parallel "
                         "over MODEL devices (DATA*MODEL = all devices; multi-host: python -m jaxspec.launch)")
-    g.add_argument("--shard-drafter", action="store_true",
+    g.add_argument("--shard-drafter", action="store_true", default=None,
                    help="with --mesh and --drafter model: split the draft model over MODEL too (default: replicated)")
     y = g.add_argument_group("synthetic acceptance (benchmarks only: NOT lossless, the output is not the model's)")
     y.add_argument("--synthetic-acceptance", metavar="RATE[,RATE...]", default=None,
@@ -112,14 +119,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="token id that ends a sample, besides EOS (repeatable)")
     s.add_argument("--logprobs", type=int, default=None, metavar="N",
                    help="report each token's log-probability and the N most probable alternatives (in --json)")
-    s.add_argument("--logprobs-mode", choices=("raw", "processed"), default="raw",
+    s.add_argument("--logprobs-mode", choices=("raw", "processed"), default=None,
                    help="logprobs of the model's raw distribution (default) or of the processed one sampled from")
     s.add_argument("--n", type=int, default=1, help="samples per prompt (default: 1)")
     s.add_argument("--seed", type=int, default=0, help="random seed; sample r uses seed + r (default: 0)")
-    g.add_argument("--disable-by-batch-size", default="auto", metavar="auto|none|K",
+    g.add_argument("--disable-by-batch-size", default=None, metavar="auto|none|K",
                    help="batch-aware policy (jaxspec.policy): decode plainly when a call has more than K rows; auto "
                         "(default): the size measured for the drafter on this backend; none: always speculate")
-    g.add_argument("--disable-by-acceptance", default="auto", metavar="auto|none|TAU",
+    g.add_argument("--disable-by-acceptance", default=None, metavar="auto|none|TAU",
                    help="acceptance gate (jaxspec.policy): a row whose mean accepted length over its last verify "
                         "steps falls below TAU decodes plainly from then on; auto (default): the break-even tau "
                         "measured for the drafter on this backend; none: never")
@@ -143,7 +150,11 @@ def _read_prompts(args) -> list[str]:
             with open(args.prompts_file) as f:
                 for n, line in enumerate(f, 1):
                     if line.strip():
-                        row = json.loads(line)
+                        try:
+                            row = json.loads(line)
+                        except json.JSONDecodeError as e:  # its line and column are the line's, not the file's
+                            raise SystemExit(f"error: {args.prompts_file}:{n}: invalid JSON: {e.msg} "
+                                             f"(column {e.colno})")
                         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
                             raise SystemExit(f"error: {args.prompts_file}:{n}: expected {{\"prompt\": \"...\"}}")
                         if not row["prompt"]:
@@ -153,8 +164,6 @@ def _read_prompts(args) -> list[str]:
             raise SystemExit(f"error: cannot read --prompts-file {args.prompts_file}: {e.strerror}")
         except UnicodeDecodeError as e:
             raise SystemExit(f"error: --prompts-file {args.prompts_file} is not UTF-8 text: {e}")
-        except json.JSONDecodeError as e:
-            raise SystemExit(f"error: {args.prompts_file}: invalid JSON: {e}")
         if not prompts:
             raise SystemExit(f"error: --prompts-file {args.prompts_file} has no prompts")
         return prompts
@@ -163,11 +172,126 @@ def _read_prompts(args) -> list[str]:
     return [args.prompt]
 
 
-def _check_head_file(args) -> None:
-    """``--drafter eagle`` / ``medusa`` need a readable head manifest: checked before the model
-    loads."""
+# The options only some drafters read (dest -> the --drafter values that read them). Their parser default is None,
+# so an option given explicitly is told from one left out even when its value equals the default (OPTION_DEFAULTS,
+# filled in once the check has passed); one given to a drafter that does not read it is an error, never ignored.
+# --gamma: a chain's length or a tree's depth; medusa's depth is the number of --medusa-topk entries (both given:
+# they must agree); lookahead's is --ngram - 1.
+_CHAIN_OR_TREE = ("early-exit", "model", "eagle")
+DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "draft_model": ("model",), "shard_drafter": ("model",), "eagle_head": ("eagle",),
+    "medusa_heads": ("medusa",), "medusa_topk": ("medusa",),
+    "gamma": ("ngram", *_CHAIN_OR_TREE, "medusa", "repeat"),
+    "tree_nodes": ("ngram", *_CHAIN_OR_TREE), "branching": _CHAIN_OR_TREE, "draft_confidence": _CHAIN_OR_TREE,
+    "early_exit_layers": ("early-exit",),
+    **dict.fromkeys(("ngram_max", "ngram_min", "ngram_branch_min", "short_gamma", "long_match"), ("ngram",)),
+    **dict.fromkeys(("window", "ngram", "guesses", "pool_size"), ("lookahead",)),
+    **dict.fromkeys(("disable_by_batch_size", "disable_by_acceptance"), tuple(d for d in DRAFTERS if d != "none")),
+}
+# (drafter, dest or None for any) -> why that drafter has no use for the option, added to the error
+_LOOKAHEAD_BUDGET = "its node budget is (--window + --guesses) x (--ngram - 1)"
+WHY_NOT = {("lookahead", "gamma"): f"its depth is --ngram - 1 and {_LOOKAHEAD_BUDGET}",
+           ("lookahead", "tree_nodes"): _LOOKAHEAD_BUDGET,
+           ("medusa", "tree_nodes"): "its tree is --medusa-topk, children per node at each depth",
+           ("repeat", "tree_nodes"): "it drafts a chain", ("none", None): "plain decoding drafts nothing"}
+OPTION_DEFAULTS = {"tree_nodes": 0, "branching": 4, "ngram_max": 3, "ngram_min": 2, "short_gamma": 0, "long_match": 16,
+                   "shard_drafter": False, "logprobs_mode": "raw", "disable_by_batch_size": "auto",
+                   "disable_by_acceptance": "auto"}
+# options read only alongside another: dest -> (whether that other is there, what it is)
+NEEDS = {"branching": (lambda a: a.tree_nodes > 0, "a tree (--tree-nodes N > 0): a chain has no branching"),
+         "long_match": (lambda a: a.short_gamma > 0, "adaptive depth (--short-gamma G > 0)"),
+         "ngram_branch_min": (lambda a: a.tree_nodes > a.gamma, "a tree of several branches (--tree-nodes > --gamma)"),
+         "logprobs_mode": (lambda a: a.logprobs is not None, "--logprobs N")}
+
+# jaxspec's parameter names -> the flags that set them: an error from the library names what the user typed
+PARAM_FLAGS = {"gamma": "--gamma", "tree_nodes": "--tree-nodes", "branching": "--branching",
+               "confidence": "--draft-confidence", "n_layers": "--early-exit-layers", "min_n": "--ngram-min",
+               "max_n": "--ngram-max", "branch_min_n": "--ngram-branch-min", "branches": "--tree-nodes / --gamma",
+               "short_gamma": "--short-gamma", "long_match": "--long-match", "topk": "--medusa-topk",
+               "window": "--window", "ngram": "--ngram", "guesses": "--guesses", "pool_size": "--pool-size",
+               "max_new_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token-id",
+               "disable_by_batch_size": "--disable-by-batch-size", "disable_by_acceptance": "--disable-by-acceptance"}
+# a quoted string (a path) or a repr such as NGramDrafter(gamma=4, ...), kept as they are, or a parameter name (and
+# "=None"; "draft confidence", "lookahead window": words, not the parameters)
+_PARAM = re.compile(r"(?<!\w)'[^']*'|[A-Z]\w*\([^()]*\)|(?<![\w-])(?<!draft )(?<!lookahead )("
+                    + "|".join(sorted(PARAM_FLAGS, key=len, reverse=True)) + r")(=None)?(?![\w-])")
+
+
+def _with_flags(message: str) -> str:
+    """``message`` (jaxspec's) with each parameter named by its flag, ``name=None`` as ``--flag none``."""
+    return _PARAM.sub(lambda m: m[0] if m[1] is None else PARAM_FLAGS[m[1]] + (" none" if m[2] else ""), message)
+
+
+def _library_error(e: Exception) -> SystemExit:
+    return SystemExit(f"error: {_with_flags(str(e))}")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _or(names) -> str:
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def _check_options(args) -> None:
+    """Refuse an option the chosen drafter does not read, or one read only alongside an option
+    that is not there; then fill in the defaults and the drafter's gamma (None for none and
+    lookahead, whose depth ``_drafter_before_load`` sets)."""
+    d = args.drafter
+    given = {k for k in (*DRAFTER_OPTIONS, *NEEDS) if getattr(args, k) is not None}
+    unused = [k for k in DRAFTER_OPTIONS if k in given and d not in DRAFTER_OPTIONS[k]]
+    if unused:
+        why = [w for w in dict.fromkeys(WHY_NOT.get((d, k)) or WHY_NOT.get((d, None)) for k in unused) if w]
+        why = f" ({'; '.join(why)})" if why else ""
+        if len(unused) == 1:
+            (k,) = unused
+            users = _or(DRAFTER_OPTIONS[k])
+            raise SystemExit(f"error: {_flag(k)} applies to --drafter {users}, not --drafter {d}{why}")
+        users = "; ".join(f"{_flag(k)}: --drafter {_or(DRAFTER_OPTIONS[k])}" for k in unused)
+        raise SystemExit(f"error: {', '.join(map(_flag, unused))} do not apply to --drafter {d}{why} ({users})")
+    for k, v in OPTION_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if d == "medusa":
+        _medusa_depth(args, given)
+    elif d not in ("none", "lookahead"):
+        args.gamma = 4 if args.gamma is None else args.gamma
+    for k, (present, what) in NEEDS.items():
+        if k in given and not present(args):
+            raise SystemExit(f"error: {_flag(k)} applies only with {what}")
+
+
+def _medusa_depth(args, given) -> None:
+    """``--medusa-topk`` as a tuple, or a chain of ``--gamma`` (default 4); ``--gamma`` then is its
+    depth. Giving both with another depth is an error."""
+    if args.gamma is not None and args.gamma < 1:
+        from jaxspec.drafters.base import check_gamma
+
+        try:
+            check_gamma(args.gamma)
+        except ValueError as e:
+            raise _library_error(e)
+    if "medusa_topk" not in given:
+        args.medusa_topk = (1,) * (4 if args.gamma is None else args.gamma)
+    else:
+        try:
+            args.medusa_topk = tuple(int(k) for k in args.medusa_topk.split(","))
+        except ValueError:
+            raise SystemExit(f"error: --medusa-topk must be integers separated by commas, got {args.medusa_topk!r}")
+        if args.gamma is not None and args.gamma != len(args.medusa_topk):
+            raise SystemExit(f"error: --gamma {args.gamma} and --medusa-topk {','.join(map(str, args.medusa_topk))} "
+                             f"disagree: medusa drafts as deep as --medusa-topk has entries "
+                             f"({len(args.medusa_topk)}); give one of the two")
+    args.gamma = len(args.medusa_topk)
+
+
+def _head_manifest(args) -> dict | None:
+    """The head manifest of ``--drafter eagle`` / ``medusa`` (the shipped head's without
+    ``--eagle-head`` / ``--medusa-heads``), or None for the other drafters; exits if there is none."""
     if args.drafter not in ("eagle", "medusa"):
-        return
+        return None
     from jaxspec.checkpoints.heads import read_head_manifest, shipped_head
 
     flag, kind = ("--eagle-head", "eagle3") if args.drafter == "eagle" else ("--medusa-heads", "medusa1")
@@ -182,92 +306,91 @@ def _check_head_file(args) -> None:
         else:
             args.medusa_heads = path
     try:
-        read_head_manifest(path, kind)
+        return read_head_manifest(path, kind)
     except (ValueError, FileNotFoundError) as e:
         raise SystemExit(f"error: {flag}: {e}")
 
 
-LOOKAHEAD_FLAGS = ("window", "ngram", "guesses", "pool_size")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _lookahead(args):
-    """The ``--drafter lookahead`` drafter (unset flags: ``LookaheadDrafter``'s defaults); a bad
-    setting, or a flag of the other drafters, exits naming the flag."""
+def _drafter_before_load(args):
+    """Check every drafter setting that does not need the model's weights (called before the
+    model loads, and again to build the drafter), and build the drafters that need none of them:
+    ngram, repeat and lookahead (their drafter is returned; else None). An EAGLE or Medusa head's
+    manifest gives its drafter's config, so those are checked in full too; the limits that need
+    the target's or the draft model's config (vocabulary, layers, context) are checked once loaded."""
     import jaxspec
+    from jaxspec.drafters import base, dynamic_tree
 
-    for name in ("gamma", "tree_nodes", "draft_model"):
-        if getattr(args, name) is not None:
-            raise SystemExit(f"error: {_flag(name)} does not apply to --drafter lookahead: its depth is --ngram - 1 "
-                             "and its node budget (--window + --guesses) x (--ngram - 1)")
+    d = args.drafter
+    manifest = _head_manifest(args)
     try:
-        given = {k: getattr(args, k) for k in LOOKAHEAD_FLAGS if getattr(args, k) is not None}
-        return jaxspec.LookaheadDrafter(**given)
+        if d in ("none", "lookahead"):
+            given = {k: getattr(args, k) for k in ("window", "ngram", "guesses", "pool_size")
+                     if getattr(args, k) is not None}
+            drafter = jaxspec.LookaheadDrafter(**given) if d == "lookahead" else None
+            args.gamma = None if drafter is None else drafter.gamma
+            return drafter
+        if d == "medusa":
+            if len(args.medusa_topk) > manifest["n_heads"]:
+                raise SystemExit(f"error: --drafter medusa drafts {len(args.medusa_topk)} deep (--gamma / "
+                                 f"--medusa-topk) but {args.medusa_heads!r} holds {manifest['n_heads']} Medusa heads")
+            jaxspec.MedusaDrafter(manifest["target"], topk=args.medusa_topk)
+            return None
+        base.check_gamma(args.gamma)
+        base.check_int("tree_nodes", args.tree_nodes, 0)
+        if d == "repeat":
+            return jaxspec.RepeatDrafter(gamma=args.gamma)
+        if d == "ngram":
+            if args.tree_nodes % args.gamma:
+                raise SystemExit(f"error: --tree-nodes for ngram must be a multiple of --gamma ({args.gamma}): each "
+                                 f"branch drafts gamma tokens; got {args.tree_nodes}")
+            return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min,
+                                        branches=max(1, args.tree_nodes // args.gamma), short_gamma=args.short_gamma,
+                                        long_match=args.long_match, branch_min_n=args.ngram_branch_min)
+        base.check_int("branching", args.branching, 1)
+        dynamic_tree.check_tree(args.gamma, args.tree_nodes, args.branching)
+        if args.draft_confidence is not None:
+            base.check_confidence(args.draft_confidence, args.tree_nodes)
+        if d == "eagle":
+            jaxspec.EagleDrafter(manifest["config"], **_tree(args))
+        if d == "early-exit" and args.early_exit_layers is not None:
+            base.check_int("n_layers", args.early_exit_layers, 1)
+        if d == "model" and not args.draft_model:
+            raise SystemExit("error: --drafter model needs --draft-model NAME_OR_PATH")
+        return None
     except ValueError as e:
-        raise SystemExit(f"error: {_flag(str(e).split(' ')[0])}: {e}")
+        raise _library_error(e)
 
 
-def _lookahead_or_none(args):
-    """The lookahead drafter for ``--drafter lookahead``, else None; exits if lookahead flags
-    were given to another drafter (called before the model loads, and again to build it)."""
-    if args.drafter == "lookahead":
-        return _lookahead(args)
-    given = [_flag(k) for k in LOOKAHEAD_FLAGS if getattr(args, k) is not None]
-    if given:
-        raise SystemExit(f"error: {', '.join(given)} apply to --drafter lookahead only, not --drafter {args.drafter}")
-    return None
+def _tree(args) -> dict:
+    """The chain/tree settings of a model, early-exit or EAGLE drafter (no confidence: the drafter's default)."""
+    tree = dict(gamma=args.gamma, tree_nodes=args.tree_nodes, branching=args.branching)
+    if args.draft_confidence is not None:
+        tree["confidence"] = args.draft_confidence
+    return tree
 
 
 def _make_drafter(args, model, load):
+    """``(drafter, drafter_params)`` once the model has loaded; ``load(name)`` loads a draft model."""
     import jaxspec
 
-    if args.draft_confidence and args.drafter not in ("model", "early-exit", "eagle"):
-        raise SystemExit(f"error: --draft-confidence applies to --drafter model, early-exit or eagle, not "
-                         f"{args.drafter}")
-    lookahead = _lookahead_or_none(args)
-    if lookahead is not None:
-        return lookahead, None
-    if args.drafter == "none":
-        return None, None
-    args.gamma = _gamma(args)
-    args.tree_nodes = 0 if args.tree_nodes is None else args.tree_nodes
-    if args.gamma < 1:
-        raise SystemExit(f"error: --gamma must be >= 1 with a drafter, got {args.gamma}")
-    if args.tree_nodes < 0:
-        raise SystemExit(f"error: --tree-nodes must be >= 0 (0 = chain), got {args.tree_nodes}")
-    if args.drafter == "repeat":
-        if args.tree_nodes:
-            raise SystemExit("error: --drafter repeat drafts a chain: --tree-nodes must be 0")
-        return jaxspec.RepeatDrafter(gamma=args.gamma), None
-    if args.drafter == "ngram":
-        if args.tree_nodes % args.gamma:
-            raise SystemExit(f"error: --tree-nodes for ngram must be a multiple of --gamma ({args.gamma}): each "
-                             f"branch drafts gamma tokens; got {args.tree_nodes}")
-        branches = max(1, args.tree_nodes // args.gamma)
-        return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min,
-                                    branches=branches, short_gamma=args.short_gamma,
-                                    long_match=args.long_match, branch_min_n=args.ngram_branch_min), None
-    tree = dict(tree_nodes=args.tree_nodes, branching=args.branching)
-    if args.drafter != "medusa" and args.draft_confidence is not None:  # None: the drafter's default
-        tree["confidence"] = args.draft_confidence
-    if args.drafter == "early-exit":
-        k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers
-        return jaxspec.EarlyExitDrafter(model.config, n_layers=k, gamma=args.gamma, **tree), None
-    if args.drafter == "eagle":
-        return jaxspec.load_eagle_head(args.eagle_head, model, gamma=args.gamma, **tree)
-    if args.drafter == "medusa":
-        try:
-            topk = tuple(int(k) for k in args.medusa_topk.split(",")) if args.medusa_topk else (1,) * args.gamma
-        except ValueError:
-            raise SystemExit(f"error: --medusa-topk must be integers separated by commas, got {args.medusa_topk!r}")
-        return jaxspec.load_medusa_heads(args.medusa_heads, model, topk=topk)
-    if not args.draft_model:
-        raise SystemExit("error: --drafter model needs --draft-model NAME_OR_PATH")
+    drafter = _drafter_before_load(args)
+    try:
+        if args.drafter in ("none", "lookahead", "repeat", "ngram"):
+            return drafter, None
+        if args.drafter == "early-exit":
+            k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers
+            return jaxspec.EarlyExitDrafter(model.config, n_layers=k, **_tree(args)), None
+        if args.drafter == "eagle":
+            return jaxspec.load_eagle_head(args.eagle_head, model, **_tree(args))
+        if args.drafter == "medusa":
+            return jaxspec.load_medusa_heads(args.medusa_heads, model, topk=args.medusa_topk)
+    except ValueError as e:
+        raise _library_error(e)
     draft = load(args.draft_model)
-    return jaxspec.ModelDrafter(draft.config, gamma=args.gamma, **tree), draft  # a Model: generate checks the pairing
+    try:
+        return jaxspec.ModelDrafter(draft.config, **_tree(args)), draft  # a Model: generate checks the pairing
+    except ValueError as e:
+        raise _library_error(e)
 
 
 def _mesh(args):
@@ -282,14 +405,6 @@ def _mesh(args):
         return sharding.make_mesh(*sharding.parse_mesh(args.mesh))
     except ValueError as e:
         raise SystemExit(f"error: --mesh: {e}")
-
-
-def _gamma(args) -> int:
-    """The drafter's gamma: lookahead's ngram - 1, else --gamma (default 4)."""
-    lookahead = _lookahead_or_none(args)
-    if lookahead is not None:
-        return lookahead.gamma
-    return 4 if args.gamma is None else args.gamma
 
 
 def _synthetic(args):
@@ -307,7 +422,7 @@ def _synthetic(args):
                          f"model's): add --allow-synthetic-acceptance to run it, for benchmarks only")
     if args.drafter == "none":
         raise SystemExit(f"error: {flag} needs a drafter to supply drafts (e.g. --drafter repeat), not --drafter none")
-    gamma = _gamma(args)
+    gamma = args.gamma
     try:
         if args.synthetic_tau is not None:
             return jaxspec.SyntheticAcceptance.from_tau(args.synthetic_tau, gamma)
@@ -329,7 +444,7 @@ def _sampling(args):
     import jaxspec
 
     try:
-        return jaxspec.SamplingConfig(
+        sampling = jaxspec.SamplingConfig(
             max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, temperature=args.temperature,
             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty, seed=args.seed,
@@ -337,8 +452,11 @@ def _sampling(args):
             logprobs_mode=args.logprobs_mode,
         )
     except ValueError as e:
-        flag = str(e).split(" ")[0].replace("_", "-")
-        raise SystemExit(f"error: --{flag}: {e}")
+        name = str(e).split(" ")[0]
+        raise SystemExit(f"error: {PARAM_FLAGS.get(name, _flag(name))}: {e}")
+    if any(t < 0 for t in args.stop_token_id):  # the vocabulary's end is checked once the model has loaded
+        raise SystemExit(f"error: --stop-token-id must be token ids >= 0, got {min(args.stop_token_id)}")
+    return sampling
 
 
 def _samples(res) -> list[dict]:
@@ -381,16 +499,20 @@ def _batch_policy(args):
 
 
 def _acceptance_gate(args):
-    """``--disable-by-acceptance`` as ``generate`` takes it: "auto", None or a number (range
-    checked by ``generate``, which knows the drafter)."""
+    """``--disable-by-acceptance`` as ``generate`` takes it: "auto", None or a number in
+    ``(1, gamma + 1]`` (``jaxspec.policy.gate``'s range; the drafter's gamma is set by then)."""
     v = args.disable_by_acceptance
     if v in ("auto", "none"):
         return {"auto": "auto", "none": None}[v]
     try:
-        return float(v)
+        tau = float(v)
     except ValueError:
-        raise SystemExit(f"error: --disable-by-acceptance must be auto, none or a number (a mean accepted length), "
+        tau = None
+    if tau is None or not 1 < tau <= args.gamma + 1:
+        raise SystemExit(f"error: --disable-by-acceptance must be auto, none or a mean accepted length (tau) in "
+                         f"(1, {args.gamma + 1}] (a verify step emits 1 to gamma + 1 tokens, gamma {args.gamma} here), "
                          f"got {v!r}")
+    return tau
 
 
 def _generate(args) -> int:
@@ -402,13 +524,12 @@ def _generate(args) -> int:
     prompts = _read_prompts(args)
     sampling = _sampling(args)
     batch_policy = _batch_policy(args)  # a bad value exits before the model loads
+    _drafter_before_load(args)  # so do bad drafter settings; sets lookahead's gamma
     gate = _acceptance_gate(args)
-    _check_head_file(args)
     synthetic = _synthetic(args)
     if synthetic is not None:
         console.print(f"[bold red]{'!' * 20}\n{synthetic.banner()}\n{'!' * 20}[/bold red]", soft_wrap=True)
     mesh = _mesh(args)
-    _lookahead_or_none(args)  # bad lookahead settings exit before the model loads
     cache_dir = compile_cache.enable() if args.compile_cache else None
     try:
         with console.status(f"loading {args.model}"):
@@ -435,13 +556,14 @@ def _generate(args) -> int:
         return res
 
     name = args.drafter if drafter is not None else "plain"
-    speedups, same, spec_tps, taus, compile_s = [], [], [], [], 0.0
+    speedups, same, spec_tps, taus, compile_s, off = [], [], [], [], 0.0, 0
     try:
         for i, prompt in enumerate(prompts):
             res = run(prompt, drafter, drafter_params, name, i)
             compile_s += res.metrics.compile_s
             spec_tps.append(res.metrics.tokens_per_s)
             taus.append(res.metrics.tau)
+            off += res.metrics.speculation is not None
             samples = _samples(res)
             summary = res.metrics.summary()
             record = {"prompt": prompt, "text": samples[0]["text"], "tokens": samples[0]["tokens"],
@@ -454,11 +576,14 @@ def _generate(args) -> int:
             if args.compare:
                 base = run(prompt, None, None, "plain", i)
                 compile_s += base.metrics.compile_s
-                speedups.append(res.metrics.tokens_per_s / base.metrics.tokens_per_s)
+                speedup = None  # plain against plain where the batch policy turned speculation off
+                if res.metrics.speculation is None:
+                    speedup = res.metrics.tokens_per_s / base.metrics.tokens_per_s
+                    speedups.append(speedup)
                 identical = base.tokens == res.tokens and base.texts == res.texts
                 gap = _max_logprob_gap(base, res) if res.logprobs is not None and identical else None
                 same.append(identical and (gap is None or gap <= LOGPROB_TOLERANCE))
-                record["compare"] = {"plain_tokens_per_s": base.metrics.tokens_per_s, "speedup": speedups[-1],
+                record["compare"] = {"plain_tokens_per_s": base.metrics.tokens_per_s, "speedup": speedup,
                                      "identical": identical if args.temperature == 0 and not res.synthetic else None,
                                      "logprobs_max_abs_diff": gap}
             if args.json:
@@ -471,43 +596,72 @@ def _generate(args) -> int:
                 console.print(f"[dim]{int(res.metrics.new_tokens.sum())} tokens, {res.metrics.tokens_per_s:.1f} tok/s, "
                               f"tau {res.metrics.tau:.2f}[/dim]")
             if res.metrics.speculation:
-                console.print(f"[yellow]{res.metrics.speculation}[/yellow]", soft_wrap=True)
+                console.print(f"[yellow]{_with_flags(res.metrics.speculation)}[/yellow]", soft_wrap=True)
             if res.metrics.gated.any():
                 console.print(f"[yellow]acceptance gate: {int(res.metrics.gated.sum())} of {len(res.tokens)} row(s) "
                               f"fell below tau {res.metrics.gate_tau:g} and decoded plainly from then on "
                               f"(--disable-by-acceptance none: always speculate)[/yellow]", soft_wrap=True)
     except ValueError as e:
-        raise SystemExit(f"error: {e}")
+        raise _library_error(e)
 
     line = (f"{name}: {len(prompts)} prompt(s), median {statistics.median(spec_tps):.1f} tok/s, "
             f"median tau {statistics.median(taus):.2f}, compile {compile_s:.1f} s")
     if args.compare:
-        line += f", median speedup {statistics.median(speedups):.2f}x vs plain"
-        line += (", outputs differ by design: SYNTHETIC acceptance is not lossless" if synthetic is not None
-                 else f", outputs identical: {sum(same)}/{len(same)} (tokens, text, logprobs within {LOGPROB_TOLERANCE})"
-                 if args.temperature == 0
-                 else ", outputs differ by design when sampling (same distribution)")
+        line += _compare_summary(args, speedups, same, off, synthetic is not None)
     if synthetic is not None:
         line = f"[bold red]SYNTHETIC ACCEPTANCE (not the model's output)[/bold red] {line}"
     console.print(line, soft_wrap=True)
     return 0 if (not args.compare or args.temperature != 0 or synthetic is not None or all(same)) else 1
 
 
+def _compare_summary(args, speedups: list[float], same: list[bool], off: int, synthetic: bool) -> str:
+    """What ``--compare`` found, after the summary line: the median speedup over the prompts
+    that speculated (``off`` of them the batch policy decoded plainly: no speedup to measure
+    there) and whether outputs match, naming what was compared."""
+    n = len(same)
+    if not off:
+        line = f", median speedup {statistics.median(speedups):.2f}x vs plain"
+    elif speedups:
+        line = (f", median speedup {statistics.median(speedups):.2f}x vs plain over the {len(speedups)} prompt(s) "
+                f"that speculated (the batch policy turned speculation off for {off}/{n}: no speedup there)")
+    else:
+        line = (f", no speedup to report: the batch policy turned speculation off ({off}/{n} prompt(s) decoded "
+                f"plainly, as the baseline did)")
+    if synthetic:
+        return line + ", outputs differ by design: SYNTHETIC acceptance is not lossless"
+    if args.temperature != 0:
+        return line + ", outputs differ by design when sampling (same distribution)"
+    what = "tokens, text" + (f", logprobs within {LOGPROB_TOLERANCE}" if args.logprobs is not None else "")
+    return line + f", outputs identical: {sum(same)}/{n} ({what})"
+
+
 def _compile_line(label: str, args, res, hits: int, cache_dir: str | None) -> str:
-    """What one compile was: the program (drafter, gamma, models), its time and its source."""
-    models = args.model + (f" + draft {args.draft_model}" if label == "model" else "")
+    """What one compile was: the program (drafter, gamma, models; plain where the batch policy
+    turned speculation off), its time and its source."""
     source = ("no persistent cache" if cache_dir is None
               else f"loaded from the cache {cache_dir}" if hits else f"stored in {cache_dir}")
-    gamma = f", gamma {res.metrics.gamma}" if label != "plain" else ""
-    return f"compiled the {label} program ({models}{gamma}) in {res.metrics.compile_s:.1f} s: {source}"
+    if res.metrics.speculation is not None:
+        label, what = "plain", f"{args.model}; speculation off by the batch policy, not --drafter {label}"
+    else:
+        what = args.model + (f" + draft {args.draft_model}" if label == "model" else "")
+        what += f", gamma {res.metrics.gamma}" if label != "plain" else ""
+    return f"compiled the {label} program ({what}) in {res.metrics.compile_s:.1f} s: {source}"
 
 
 def main(argv=None) -> int:
     """Entry point of the ``jaxspec`` command; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     if args.command == "generate":
         return _generate(args)
     return 2
+
+
+def _parse(argv=None):
+    """The parsed command line, drafter options checked (``_check_options``) and defaults filled in."""
+    args = _parser().parse_args(argv)
+    if args.command == "generate":
+        _check_options(args)
+    return args
 
 
 if __name__ == "__main__":

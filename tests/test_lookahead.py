@@ -256,14 +256,15 @@ def test_window_larger_than_the_cache_is_refused_before_compile(tiny):
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--drafter", "lookahead", "--window", "0"], r"--window: window must be an integer in \[1, 64\]"),
-    (["--drafter", "lookahead", "--ngram", "1"], r"--ngram: ngram must be an integer in \[2, 16\]"),
-    (["--drafter", "lookahead", "--guesses", "65"], r"--guesses: guesses must be an integer in \[1, 64\]"),
-    (["--drafter", "lookahead", "--pool-size", "3"], r"--pool-size: pool_size must be an integer in \[10, 65536\]"),
-    (["--drafter", "lookahead", "--gamma", "8"], r"--gamma does not apply to --drafter lookahead: its depth is"),
-    (["--drafter", "lookahead", "--tree-nodes", "8"], r"--tree-nodes does not apply to --drafter lookahead"),
+    (["--drafter", "lookahead", "--window", "0"], r"--window must be an integer in \[1, 64\]"),
+    (["--drafter", "lookahead", "--ngram", "1"], r"--ngram must be an integer in \[2, 16\]"),
+    (["--drafter", "lookahead", "--guesses", "65"], r"--guesses must be an integer in \[1, 64\]"),
+    (["--drafter", "lookahead", "--pool-size", "3"], r"--pool-size must be an integer in \[10, 65536\]"),
+    (["--drafter", "lookahead", "--gamma", "8"], r"--gamma applies to .*, not --drafter lookahead \(its depth is"),
+    (["--drafter", "lookahead", "--tree-nodes", "8"], r"--tree-nodes applies to .*, not --drafter lookahead"),
     (["--drafter", "ngram", "--window", "3", "--guesses", "2"],
-     r"--window, --guesses apply to --drafter lookahead only, not --drafter ngram"),
+     r"--window, --guesses do not apply to --drafter ngram \(--window: --drafter lookahead; --guesses: --drafter "
+     r"lookahead\)"),
 ])
 def test_cli_refuses_bad_lookahead_flags_before_loading(flags, message, monkeypatch):
     """A bad value, or a flag that would be ignored, exits naming the flag, before any load."""
@@ -277,11 +278,11 @@ def test_cli_refuses_bad_lookahead_flags_before_loading(flags, message, monkeypa
 def test_cli_builds_the_lookahead_drafter():
     from jaxspec import cli
 
-    args = cli._parser().parse_args(["generate", "hi", "--drafter", "lookahead", "--window", "3", "--ngram", "5",
-                                     "--guesses", "2", "--pool-size", "64"])
+    args = cli._parse(["generate", "hi", "--drafter", "lookahead", "--window", "3", "--ngram", "5",
+                       "--guesses", "2", "--pool-size", "64"])
     drafter, params = cli._make_drafter(args, None, None)
     assert (drafter, params) == (jaxspec.LookaheadDrafter(window=3, ngram=5, guesses=2, pool_size=64), None)
-    args = cli._parser().parse_args(["generate", "hi", "--drafter", "lookahead"])
+    args = cli._parse(["generate", "hi", "--drafter", "lookahead"])
     assert cli._make_drafter(args, None, None) == (jaxspec.LookaheadDrafter(), None)  # the class's defaults
 
 
