@@ -12,6 +12,7 @@ h head dim, F MLP width, V vocabulary, E stop ids; stop strings (``jaxspec.stopp
 Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail per row.
 """
 
+from jaxspec import compile_cache  # jaxspec.compile_cache.enable(); imports only os, configures nothing
 from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
 from jaxspec.checkpoints.heads import load_eagle_head, load_medusa_heads, shipped_head
 from jaxspec.checkpoints.pairing import check_pair

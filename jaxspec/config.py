@@ -8,6 +8,7 @@ arrays (``jaxspec.sampling.SamplingParams``), so changing them never recompiles.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import jax
@@ -190,7 +191,22 @@ class ModelConfig:
                                    layer_types=self.layer_types[:n_layers])
 
 
+def check_bool(name: str, value) -> bool:
+    """``value`` as a bool; it must be one (``True``/``False`` or a numpy bool), not merely truthy.
+
+    Raises:
+      ValueError: anything else, naming ``name``.
+    """
+    import numpy as np
+
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r:.80}")
+    return bool(value)
+
+
 _PerRow = "float | Sequence[float]"
+INT32_MAX = 2**31 - 1  # integer settings (and token counts) run as int32
+SEED_MAX = 2**32 - 1  # a row's PRNG key is jax.random.key of a uint32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,27 +219,36 @@ class SamplingConfig:
     shapes, are bucketed).
 
     Attributes:
-      max_new_tokens: most new tokens per sample (>= 1), stop token included.
+      max_new_tokens: most new tokens per sample, an int in [1, 2**31 - 1] (token counts run
+        as int32; ``generate`` also requires prompt + max_new_tokens <= its ``max_len``),
+        stop token included.
       min_new_tokens: fewest new tokens (>= 0, <= max_new_tokens); until then EOS and stop
         ids get probability 0 and stop strings do not count (vLLM ``min_tokens``).
       temperature: >= 0; 0 is greedy (argmax after penalties).
-      top_k: >= 0, 0 = off. top_p: in (0, 1], 1 = off. min_p: in [0, 1], 0 = off.
+      top_k: an int in [0, 2**31 - 1] (int32), 0 = off; k >= the vocabulary keeps every token.
+        top_p: in (0, 1], 1 = off. min_p: in [0, 1], 0 = off.
       repetition_penalty: > 0, 1 = off (CTRL; prompt and generated tokens).
       frequency_penalty, presence_penalty: in [-2, 2], 0 = off (OpenAI; generated tokens).
-      seed: an int (sample r of the call uses ``seed + r``) or one int per prompt (its n
+        Float settings run as float32: their float32 value must be in range (and finite).
+      seed: an int in [0, 2**32 - 1] (a row's PRNG key is ``jax.random.key`` of a uint32;
+        sample r of the call uses ``(seed + r) mod 2**32``) or one such int per prompt (its n
         samples use ``seed_i + j``).
-      n: samples per prompt (>= 1); results are prompt-major (prompt i, sample j at i*n + j).
-      stop: stop strings; the text ends before the earliest-ending one (or after it with
-        ``include_stop_str_in_output``); tokens end with the token that completed it.
-      stop_token_ids: ids that end a sample, besides EOS (kept as the last token).
-      ignore_eos: do not stop at the model's EOS ids.
-      logprobs: None, or n >= 0: report each generated token's log-probability and the n
+      n: samples per prompt, an int in [1, 2**31 - 1]; results are prompt-major (prompt i,
+        sample j at i*n + j).
+      stop: a stop string or a list of them; the text ends before the earliest-ending one (or
+        after it with ``include_stop_str_in_output``, a bool); tokens end with the token that
+        completed it.
+      stop_token_ids: an id or a list of ids that end a sample, besides EOS (kept as the last
+        token); ``generate`` checks them against the vocabulary.
+      ignore_eos: a bool: do not stop at the model's EOS ids.
+      logprobs: None, or n in [0, 20]: report each generated token's log-probability and the n
         most probable alternatives.
       logprobs_mode: ``"raw"`` (log-softmax of the model's logits, before any setting:
         vLLM's default) or ``"processed"`` (of the distribution sampled from).
 
     Raises:
-      ValueError: a setting out of its range, naming it and the range.
+      ValueError: a setting of the wrong type (integer settings take ints, bool settings
+        ``True``/``False`` only) or out of its range, naming it and the range.
     """
 
     max_new_tokens: int | Sequence[int] = 128
@@ -244,18 +269,19 @@ class SamplingConfig:
     logprobs: int | None = None
     logprobs_mode: str = "raw"
 
-    # name -> (integer?, check, range in words)
+    # name -> (integer?, check, range in words). Integers are checked as Python ints, before
+    # any conversion: they run as int32 (the seed as uint32), so a larger value would wrap.
     _RANGES = {
-        "max_new_tokens": (True, lambda x: x >= 1, ">= 1"),
-        "min_new_tokens": (True, lambda x: x >= 0, ">= 0"),
+        "max_new_tokens": (True, lambda x: 1 <= x <= INT32_MAX, "in [1, 2**31 - 1]"),
+        "min_new_tokens": (True, lambda x: 0 <= x <= INT32_MAX, "in [0, 2**31 - 1]"),
         "temperature": (False, lambda x: x >= 0, ">= 0"),
-        "top_k": (True, lambda x: x >= 0, ">= 0 (0 = off)"),
-        "top_p": (False, lambda x: (x > 0) & (x <= 1), "in (0, 1]"),
-        "min_p": (False, lambda x: (x >= 0) & (x <= 1), "in [0, 1]"),
+        "top_k": (True, lambda x: 0 <= x <= INT32_MAX, "in [0, 2**31 - 1] (0 = off)"),
+        "top_p": (False, lambda x: 0 < x <= 1, "in (0, 1]"),
+        "min_p": (False, lambda x: 0 <= x <= 1, "in [0, 1]"),
         "repetition_penalty": (False, lambda x: x > 0, "> 0 (1 = off)"),
-        "frequency_penalty": (False, lambda x: (x >= -2) & (x <= 2), "in [-2, 2]"),
-        "presence_penalty": (False, lambda x: (x >= -2) & (x <= 2), "in [-2, 2]"),
-        "seed": (True, lambda x: x >= 0, ">= 0"),
+        "frequency_penalty": (False, lambda x: -2 <= x <= 2, "in [-2, 2]"),
+        "presence_penalty": (False, lambda x: -2 <= x <= 2, "in [-2, 2]"),
+        "seed": (True, lambda x: 0 <= x <= SEED_MAX, "in [0, 2**32 - 1]"),
     }
 
     def __post_init__(self):
@@ -263,35 +289,55 @@ class SamplingConfig:
 
         for name, (integer, ok, words) in self._RANGES.items():
             value = getattr(self, name)
-            if isinstance(value, (list, np.ndarray)):
-                value = tuple(np.asarray(value).tolist())
-                object.__setattr__(self, name, value)
-            arr = np.asarray(value)
-            kind_ok = arr.dtype != bool and (np.issubdtype(arr.dtype, np.integer) if integer else np.issubdtype(arr.dtype, np.number))
-            if not kind_ok or arr.ndim > 1 or arr.size == 0:
+            sequence = isinstance(value, (list, tuple, range, np.ndarray))
+            items = (value.tolist() if isinstance(value, np.ndarray) else list(value)) if sequence else [value]
+            kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+            if not items or not all(isinstance(x, kinds) and not isinstance(x, (bool, np.bool_)) for x in items):
                 what = f"an integer {words}" if integer else f"a number {words}"
                 raise ValueError(f"{name} must be {what} (or a list with one per prompt), got {value!r}")
-            if not np.all(np.isfinite(arr)) or not np.all(ok(arr)):
-                raise ValueError(f"{name} must be {'an integer ' if integer else 'finite and '}{words}, got {value!r}")
-        if np.any(np.asarray(self.min_new_tokens) > np.asarray(self.max_new_tokens)):
+            for x in items:
+                if integer and not ok(int(x)):
+                    raise ValueError(f"{name} must be an integer {words}, got {x!r}")
+                if not integer:  # float settings run as float32: the rounded value must be in range too
+                    exact = float(x) if not isinstance(x, int) or abs(x) < 2**1000 else math.inf
+                    with np.errstate(over="ignore"):
+                        as_run = float(np.float32(exact))
+                    if not (math.isfinite(exact) and ok(exact)):
+                        raise ValueError(f"{name} must be finite and {words}, got {x!r}")
+                    if not (math.isfinite(as_run) and ok(as_run)):
+                        raise ValueError(f"{name} must be finite and {words} in float32, as it runs: {x!r} is {as_run}")
+            if sequence:
+                object.__setattr__(self, name, tuple(int(x) if integer else float(x) for x in items))
+        low, high = np.asarray(self.min_new_tokens), np.asarray(self.max_new_tokens)
+        if low.ndim == high.ndim == 1 and low.size != high.size:
+            raise ValueError(f"min_new_tokens has {low.size} values and max_new_tokens {high.size}: give one value "
+                             f"or one per prompt for each")
+        if np.any(low > high):
             raise ValueError(
                 f"min_new_tokens ({self.min_new_tokens!r}) must be <= max_new_tokens ({self.max_new_tokens!r})"
             )
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ValueError(f"n (samples per prompt) must be an integer >= 1, got {self.n!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= INT32_MAX:
+            raise ValueError(f"n (samples per prompt) must be an integer in [1, 2**31 - 1], got {self.n!r}")
+        if not isinstance(self.stop, (str, list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         for s in stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must be non-empty strings, got {s!r}")
         object.__setattr__(self, "stop", stop)
-        ids = (self.stop_token_ids,) if isinstance(self.stop_token_ids, (int, np.integer)) else tuple(self.stop_token_ids)
-        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
-            raise ValueError(f"stop_token_ids must be token ids (ints), got {self.stop_token_ids!r}")
+        ids = self.stop_token_ids
+        ids = ids.tolist() if isinstance(ids, np.ndarray) and ids.ndim == 1 else ids
+        ids = (ids,) if isinstance(ids, (int, np.integer)) else tuple(ids) if isinstance(ids, (list, tuple)) else None
+        if ids is None or not all(isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_))
+                                  for i in ids):
+            raise ValueError(f"stop_token_ids must be a token id or a list of them (ints), got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(i) for i in ids))
+        for name in ("ignore_eos", "include_stop_str_in_output"):
+            object.__setattr__(self, name, check_bool(name, getattr(self, name)))
         lp = self.logprobs
         if lp is not None and (not isinstance(lp, int) or isinstance(lp, bool) or not 0 <= lp <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {lp!r}")
-        if self.logprobs_mode not in ("raw", "processed"):
+        if not isinstance(self.logprobs_mode, str) or self.logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}")
 
     def per_prompt(self, name: str, n_prompts: int):

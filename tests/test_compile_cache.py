@@ -21,14 +21,24 @@ print(json.dumps({"dir": d, "hits": compile_cache.hits()}))
 """
 
 
-def run_fresh(tmp_path, **env) -> dict:
+def run_fresh(tmp_path, script=SCRIPT, **env) -> dict:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     inherited = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}  # not conftest's cache
     env = {**inherited, "JAXSPEC_CACHE": str(tmp_path), "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]), **env}
-    out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_plain_import_exposes_it(tmp_path):
+    """``import jaxspec`` alone gives ``jaxspec.compile_cache.enable()`` (as the README writes it),
+    and importing configures nothing: no cache directory set or created."""
+    script = ("import json, jax, jaxspec\n"
+              "print(json.dumps({'dir': jax.config.jax_compilation_cache_dir,"
+              " 'enable': jaxspec.compile_cache.enable.__name__}))")
+    assert run_fresh(tmp_path, script) == {"dir": None, "enable": "enable"}
+    assert not (tmp_path / "xla").exists()
 
 
 def files(path) -> list[str]:

@@ -59,7 +59,7 @@ def test_max_len_beyond_the_models_context(params, monkeypatch):
 
 @pytest.mark.parametrize("value", [0, -3])
 def test_max_new_tokens_below_one(params, value):
-    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"max_new_tokens must be an integer in \[1, 2\*\*31 - 1\], got "):
         jaxspec.generate(params, [3], config=CFG, max_new_tokens=value)
 
 
@@ -160,3 +160,102 @@ def test_drafter_construction_limits():
         jaxspec.NGramDrafter(gamma=2, max_n=17)
     with pytest.raises(ValueError, match="n_layers for early exit"):
         jaxspec.EarlyExitDrafter(CFG, n_layers=1.5)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_new_tokens": 2**32 + 3}, r"max_new_tokens must be an integer in \[1, 2\*\*31 - 1\], got 4294967299"),
+    ({"max_new_tokens": 2**40}, r"max_new_tokens must be an integer in \[1, 2\*\*31 - 1\]"),
+    ({"max_new_tokens": 2**31}, r"max_new_tokens must be an integer in \[1, 2\*\*31 - 1\], got 2147483648"),
+    ({"max_new_tokens": [8, 2**32 + 3]}, r"max_new_tokens must be an integer in \[1, 2\*\*31 - 1\], got 4294967299"),
+    ({"max_new_tokens": 2**31 - 1}, r"prompt \(1 tokens\) \+ max_new_tokens \(2147483647\) = 2147483648 exceeds"),
+    ({"min_new_tokens": 2**31}, r"min_new_tokens must be an integer in \[0, 2\*\*31 - 1\]"),
+    ({"top_k": 2**32 + 1}, r"top_k must be an integer in \[0, 2\*\*31 - 1\] \(0 = off\), got 4294967297"),
+    ({"seed": 2**32}, r"seed must be an integer in \[0, 2\*\*32 - 1\], got 4294967296"),
+    ({"seed": [0, 2**64]}, r"seed must be an integer in \[0, 2\*\*32 - 1\]"),
+    ({"temperature": 1e39}, r"temperature must be finite and >= 0 in float32, as it runs: 1e\+39 is inf"),
+    ({"top_p": 1e-50}, r"top_p must be finite and in \(0, 1\] in float32"),
+    ({"max_len": 2**31}, r"max_len must be None or an integer in \[1, 2\*\*31 - 1\], got 2147483648"),
+    ({"max_len": "100"}, r"max_len must be None or an integer"),
+    ({"max_len": 2**31 - 1, "allow_long_context": True, "max_new_tokens": 2**31 - 100},
+     r"cache would need 2147483648 slots .* over 2\*\*31 - 1 \(int32 positions\)"),
+])
+def test_numbers_are_checked_before_they_wrap(params, kwargs, match):
+    """Integers run as int32 (the seed as uint32) and floats as float32: a value that would
+    wrap or round out of range is refused with its name and range, not run as another."""
+    kwargs = {"max_new_tokens": 8, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        jaxspec.generate(params, [[3], [4]] if isinstance(kwargs.get("seed"), list) else [3], config=CFG, **kwargs)
+
+
+@pytest.mark.parametrize("prompt, match", [
+    (b"hello", r"prompt must be a str, a list of token ids .*got a bytes.*decode"),
+    (bytearray(b"hello"), "prompt must be a str.*got a bytearray"),
+    ([b"hi"], "prompt 0 must be a str.*got bytes"),
+    ({"text": "hi"}, "prompt must be a str.*got a dict"),
+    (None, "prompt must be a str.*got a NoneType"),
+])
+def test_prompt_of_another_type(params, prompt, match):
+    with pytest.raises(ValueError, match=match):
+        jaxspec.generate(params, prompt, config=CFG, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"drafter": "ngram"}, r"drafter must be None or a drafter instance, e.g. jaxspec.NGramDrafter\(gamma=4\) "
+                           r"\(one of .*jaxspec.EagleDrafter.*jaxspec.RepeatDrafter\), got a str: 'ngram'"),
+    ({"sampling": "greedy"}, r"sampling must be a jaxspec.SamplingConfig \(or None\), got a str"),
+    ({"chat": "no"}, "chat must be True or False, got 'no'"),
+    ({"allow_long_context": 1}, "allow_long_context must be True or False"),
+])
+def test_arguments_of_another_type(params, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        jaxspec.generate(params, [3], config=CFG, max_new_tokens=8, **kwargs)
+
+
+def test_model_given_by_name():
+    with pytest.raises(ValueError, match=r"model must be a jaxspec.Model .*jaxspec.load\('smollm2-135m'\)"):
+        jaxspec.generate("smollm2-135m", "x", max_new_tokens=8)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"ignore_eos": "no"}, "ignore_eos must be True or False, got 'no'"),
+    ({"include_stop_str_in_output": 5}, "include_stop_str_in_output must be True or False, got 5"),
+    ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
+    ({"stop_token_ids": None}, "stop_token_ids must be a token id or a list of them"),
+    ({"stop_token_ids": [1, True]}, "stop_token_ids must be a token id or a list of them"),
+    ({"max_new_tokens": [8, True]}, "max_new_tokens must be an integer"),
+    ({"temperature": 1j}, "temperature must be a number >= 0"),
+    ({"n": 2**31}, r"n \(samples per prompt\) must be an integer in \[1, 2\*\*31 - 1\]"),
+    ({"min_new_tokens": [1, 2], "max_new_tokens": [8, 8, 8]}, "min_new_tokens has 2 values and max_new_tokens 3"),
+])
+def test_sampling_config_types(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        jaxspec.SamplingConfig(**kwargs)
+
+
+@pytest.fixture
+def no_reading(monkeypatch):
+    """``load``'s argument checks must come before the (slow) resolving and reading."""
+    from jaxspec.checkpoints import loading
+
+    def fail(*args, **kwargs):
+        raise AssertionError("reached resolving the checkpoint: the error must come before")
+
+    monkeypatch.setattr(loading, "resolve", fail)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "float16", jax.numpy.int8, "no-such-dtype"])
+def test_load_dtype(no_reading, dtype):
+    with pytest.raises(ValueError, match=r"dtype must be one of \('float32', 'bfloat16'\)"):
+        jaxspec.load("smollm2-135m", dtype=dtype)
+
+
+@pytest.mark.parametrize("name", [123, None, b"smollm2-135m"])
+def test_load_name_of_another_type(no_reading, name):
+    with pytest.raises(ValueError, match=r"name_or_path must be a model name \(one of \[.*'smollm2-135m'\]\) or a path"):
+        jaxspec.load(name)
+
+
+def test_load_docstring_lists_every_packaged_model():
+    from jaxspec.checkpoints import packaged
+
+    assert all(f'"{name}"' in jaxspec.load.__doc__ for name in packaged.MODELS)
