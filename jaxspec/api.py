@@ -27,6 +27,7 @@ from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, d
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.metrics import Metrics
 from jaxspec.sampling import SamplingParams
+from jaxspec.tokenizer import Tokenizer
 
 PROMPT_BUCKET = 64  # prompts are right-padded to a multiple of this many tokens
 CACHE_BUCKET = 256  # cache slots are rounded up to a multiple of this
@@ -560,11 +561,21 @@ def generate(
         raise ValueError(f"model must be a jaxspec.Model (or a params pytree), got the name/path {model!r}: load "
                          f"it first, model = jaxspec.load({str(model)!r}), and pass the model")
     if isinstance(model, Model):
+        if config is not None and config != model.config:
+            raise ValueError("config is for a bare params pytree: a Model carries its own config, which config= "
+                             "would contradict (pass one or the other)")
         params, config, tokenizer = model.params, model.config, tokenizer or model.tokenizer
     else:
         params = model
-        if config is None:
-            raise ValueError("config is required when model is a params pytree")
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config (a jaxspec.ModelConfig) is required when model is a params pytree, got "
+                             f"{config!r:.80}")
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise ValueError(f"tokenizer must be a jaxspec Tokenizer (a Model's .tokenizer) or None, got a "
+                         f"{type(tokenizer).__name__}: {tokenizer!r:.80}")
+    if drafter is None and drafter_params is not None:
+        raise ValueError("drafter_params given without a drafter: pass the drafter they belong to "
+                         "(e.g. drafter=jaxspec.ModelDrafter(draft.config)), or drop them for plain decoding")
     if isinstance(drafter_params, Model):
         pair = (id(model), id(drafter_params))
         seen = _PAIRED.get(pair)

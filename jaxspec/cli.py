@@ -413,6 +413,9 @@ def _synthetic(args):
     import jaxspec
 
     if args.synthetic_acceptance is None and args.synthetic_tau is None:
+        if args.allow_synthetic_acceptance:
+            raise SystemExit("error: --allow-synthetic-acceptance applies only with --synthetic-acceptance or "
+                             "--synthetic-tau")
         return None
     flag = "--synthetic-acceptance" if args.synthetic_tau is None else "--synthetic-tau"
     if args.synthetic_acceptance is not None and args.synthetic_tau is not None:

@@ -259,3 +259,19 @@ def test_load_docstring_lists_every_packaged_model():
     from jaxspec.checkpoints import packaged
 
     assert all(f'"{name}"' in jaxspec.load.__doc__ for name in packaged.MODELS)
+
+
+def test_arguments_that_would_be_ignored(params):
+    """config= with a Model (it carries its own), a tokenizer that is not a jaxspec Tokenizer and
+    drafter_params without a drafter are refused, not silently ignored (a fresh user's findings)."""
+    import dataclasses
+
+    model = jaxspec.Model(params, CFG)
+    with pytest.raises(ValueError, match="config is for a bare params pytree: a Model carries its own config"):
+        jaxspec.generate(model, [3], config=dataclasses.replace(CFG, n_layers=CFG.n_layers + 1), max_new_tokens=8)
+    with pytest.raises(ValueError, match=r"config \(a jaxspec.ModelConfig\) is required .* got 'garbage'"):
+        jaxspec.generate(params, [3], config="garbage", max_new_tokens=8)
+    with pytest.raises(ValueError, match="tokenizer must be a jaxspec Tokenizer .* got a str: 'abc'"):
+        jaxspec.generate(model, "x", tokenizer="abc", max_new_tokens=8)
+    with pytest.raises(ValueError, match="drafter_params given without a drafter"):
+        jaxspec.generate(model, [3], drafter_params=params, max_new_tokens=8)

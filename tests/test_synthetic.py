@@ -165,6 +165,8 @@ def test_refused_before_compile(tiny, monkeypatch, kw, match):
     (["--synthetic-tau", "6", "--allow-synthetic-acceptance"], r"--synthetic-tau: .*\[1, 5\]"),
     (["--synthetic-tau", "2", "--allow-synthetic-acceptance", "--drafter", "none"], "needs a drafter"),
     (["--synthetic-tau", "2", "--synthetic-acceptance", "0.5", "--allow-synthetic-acceptance"], "not both"),
+    (["--allow-synthetic-acceptance"], "--allow-synthetic-acceptance applies only with --synthetic-acceptance or "
+                                       "--synthetic-tau"),
 ])
 def test_cli_refusals(flags, message):
     """Checked before the model is loaded (no model name is valid here)."""
