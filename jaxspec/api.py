@@ -568,7 +568,7 @@ def generate(
     else:
         params = model
         if not isinstance(config, ModelConfig):
-            raise ValueError(f"config (a jaxspec.ModelConfig) is required when model is a params pytree, got "
+            raise ValueError(f"config is required when model is a params pytree: a jaxspec.ModelConfig, got "
                              f"{config!r:.80}")
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         raise ValueError(f"tokenizer must be a jaxspec Tokenizer (a Model's .tokenizer) or None, got a "
