@@ -266,7 +266,7 @@ def _check_options(args) -> None:
 def _medusa_depth(args, given) -> None:
     """``--medusa-topk`` as a tuple, or a chain of ``--gamma`` (default 4); ``--gamma`` then is its
     depth. Giving both with another depth is an error."""
-    if args.gamma is not None and args.gamma < 1:
+    if args.gamma is not None:
         from jaxspec.drafters.base import check_gamma
 
         try:
