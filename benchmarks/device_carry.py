@@ -6,7 +6,7 @@ call), and the last call joins them and runs the benchmark (``benchmarks/device_
 
 Here, from the repository root::
 
-    PYTHONPATH=. python benchmarks/device_carry.py prepare     # parts, gguf wheel, questions; prints the calls
+    PYTHONPATH=. python benchmarks/device_carry.py prepare     # parts, gguf wheel; prints the calls
 
 prints, as JSON, the calls to make in order: ``carry`` (the paths) and ``command``. Make them
 back to back: the machine goes back after 30 s idle, and with it the parts already carried
@@ -32,7 +32,6 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARRY = ".devcarry"
 LIMIT_MIB = 64  # the device tool's limit per call: working tree + carried paths
-QUESTIONS = os.path.join(ROOT, "..", "shared", "benchmarks", "spec_bench", "question.jsonl")
 
 
 def tree_bytes() -> int:
@@ -49,19 +48,18 @@ def _parts(carry: str, model_name: str) -> list[str]:
     return sorted(found, key=lambda p: int(p.rsplit(".part", 1)[1]) if p.rsplit(".part", 1)[1].isdigit() else -1)
 
 
-def prepare(model_name: str, margin_mib: float, questions: str = QUESTIONS) -> dict:
-    """Split ``model_name``'s GGUF into ``.devcarry/<name>.partNNN``, copy the Spec-Bench
-    questions and the ``gguf`` wheel there; return the plan of calls.
+def prepare(model_name: str, margin_mib: float) -> dict:
+    """Split ``model_name``'s GGUF into ``.devcarry/<name>.partNNN``, download the ``gguf`` wheel
+    there; return the plan of calls (the Spec-Bench questions travel with the working tree,
+    ``benchmarks/data/spec_bench/``).
 
-    Raises ``SystemExit`` (with the message) when the questions file is missing, ``gguf`` is
+    Raises ``SystemExit`` (with the message) when ``gguf`` is
     not installed here (its wheel is downloaded for the same version), or the working tree
     leaves no room for a part."""
     from importlib.metadata import PackageNotFoundError, version
 
     from jaxspec.checkpoints import packaged
 
-    if not os.path.isfile(questions):
-        raise SystemExit(f"error: --questions: no file {questions} (Spec-Bench's question.jsonl)")
     try:
         gguf_version = version("gguf")
     except PackageNotFoundError:
@@ -74,13 +72,11 @@ def prepare(model_name: str, margin_mib: float, questions: str = QUESTIONS) -> d
     os.makedirs(carry, exist_ok=True)
     for old in _parts(carry, model_name):
         os.remove(old)
-    shutil.copyfile(questions, os.path.join(carry, "question.jsonl"))
     for old in glob.glob(os.path.join(carry, "gguf-*.whl")):
         os.remove(old)
     subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "-d", carry,
                     f"gguf=={gguf_version}"], check=True)
     extras = [os.path.relpath(p, ROOT) for p in sorted(glob.glob(os.path.join(carry, "gguf-*.whl")))]
-    extras.append(os.path.join(CARRY, "question.jsonl"))
     extra_bytes = sum(os.path.getsize(os.path.join(ROOT, p)) for p in extras)
     room = int((LIMIT_MIB - margin_mib) * 2**20) - tree_bytes()
     part = room - extra_bytes  # the last call carries the extras too: every part fits beside them
@@ -145,11 +141,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m", help="a single-file packaged model (smollm2-135m)")
     ap.add_argument("--site", default="/tmp/site", help="assemble: the folder put on PYTHONPATH (/tmp/site)")
     ap.add_argument("--margin-mib", type=float, default=2.0, help="prepare: MiB left free per call (2)")
-    ap.add_argument("--questions", default=QUESTIONS, help="prepare: Spec-Bench's question.jsonl (default: "
-                                                           "../shared/benchmarks/spec_bench/question.jsonl)")
     args = ap.parse_args(argv)
     if args.action == "prepare":
-        print(json.dumps(prepare(args.model, args.margin_mib, args.questions), indent=1))
+        print(json.dumps(prepare(args.model, args.margin_mib), indent=1))
     else:
         print(f"placed {assemble(args.model, args.site)} (sha256 checked)")
     return 0

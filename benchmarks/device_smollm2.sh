@@ -57,7 +57,7 @@ export PYTHONUNBUFFERED=1
   if [ "${SPEC_BENCH_TIMEOUT:-420}" -gt 0 ]; then
     # every prompt (<= 769 tokens with the chat template) in one prompt bucket: one program per method
     timeout ${SPEC_BENCH_TIMEOUT:-420} $PY benchmarks/spec_bench.py --model smollm2-135m \
-      --questions .devcarry/question.jsonl --per-category ${PER_CATEGORY:-1} --code-prompt \
+      --per-category ${PER_CATEGORY:-1} --code-prompt \
       --max-new-tokens ${MAX_NEW_TOKENS:-128} --reps 2 --prompt-bucket 832 --no-compile-cache \
       --methods ${METHODS:-plain,ngram_g4,ngram_g16_s4_b2,eagle_g4,eagle_g4_n8_k2,medusa_g3,lookahead_w5_n4_g5} \
       --out "$OUT/spec_bench_smollm2_device" ${SPEC_BENCH_EXTRA:-}

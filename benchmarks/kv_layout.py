@@ -12,8 +12,7 @@ import re, sys, time, statistics
 import jax, jax.numpy as jnp, numpy as np
 
 L, H, K, h = 30, 9, 3, 64
-S = int(sys.argv[1]) if len(sys.argv) > 1 else 1024
-T = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+S, T = 1024, 1  # slots, new tokens per step: the command line sets them
 N = 32
 g = H // K
 
@@ -76,7 +75,10 @@ def run(step, shapes):
         t0 = time.perf_counter(); caches, acc = f(caches); jax.block_until_ready(acc); times.append(time.perf_counter() - t0)
     return statistics.median(times[1:]) / N * 1e3, copies, transposes
 
-a = run(step_a, ((1, S, K, h), (1, S, K, h)))
-b = run(step_b, ((1, K, h, S), (1, K, S, h)))
-print(f"S={S} T={T}: layout A [B,S,K,h]: {a[0]:.2f} ms/step (copy ops {a[1]}, transposes {a[2]}); "
-      f"layout B K[B,K,h,S] V[B,K,S,h]: {b[0]:.2f} ms/step (copy ops {b[1]}, transposes {b[2]})")
+if __name__ == "__main__":
+    S = int(sys.argv[1]) if len(sys.argv) > 1 else S
+    T = int(sys.argv[2]) if len(sys.argv) > 2 else T
+    a = run(step_a, ((1, S, K, h), (1, S, K, h)))
+    b = run(step_b, ((1, K, h, S), (1, K, S, h)))
+    print(f"S={S} T={T}: layout A [B,S,K,h]: {a[0]:.2f} ms/step (copy ops {a[1]}, transposes {a[2]}); "
+          f"layout B K[B,K,h,S] V[B,K,S,h]: {b[0]:.2f} ms/step (copy ops {b[1]}, transposes {b[2]})")

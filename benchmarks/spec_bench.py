@@ -3,7 +3,7 @@
 What it runs
 ------------
 The first ``--per-category`` questions of every category (first turn only) of Spec-Bench's
-``question.jsonl`` (default ``<repo>/../shared/benchmarks/spec_bench/question.jsonl``,
+``question.jsonl`` (default ``benchmarks/data/spec_bench/question.jsonl``, the copy this repository ships;
 ``--questions`` overrides; ``--code-prompt`` adds the ~700-token code rewrite of
 ``benchmarks/prompts/code_rewrite.txt`` as a category ``code_rewrite``; ``--human-eval N`` the
 first N HumanEval prompts as ``humaneval``), each wrapped in the
@@ -106,7 +106,7 @@ sys.path.insert(0, HERE)
 import bench_env  # noqa: E402
 import spec_bench_report as report  # noqa: E402
 
-QUESTIONS = os.path.join(ROOT, "..", "shared", "benchmarks", "spec_bench", "question.jsonl")
+QUESTIONS = os.path.join(HERE, "data", "spec_bench", "question.jsonl")  # source and license: NOTICE.md there
 CODE_PROMPT = os.path.join(HERE, "prompts", "code_rewrite.txt")
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "rag")
