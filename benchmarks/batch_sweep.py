@@ -90,8 +90,11 @@ def main(argv=None) -> int:
     tok = model.tokenizer
     if any(args.n_questions % b for b in sizes):
         ap.error(f"--n-questions ({args.n_questions}) must be a multiple of every batch size {sizes}")
-    encode = lambda q: tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]),  # noqa: E731
-                                  add_bos=False)
+
+    def encode(q):
+        return tok.encode(tok.apply_chat_template([{"role": "user", "content": q["text"]}]),
+                          add_bos=False)
+
     questions = mixed_questions(args.questions, args.n_questions,
                                 lambda q: not args.max_prompt_tokens or len(encode(q)) <= args.max_prompt_tokens)
     ids = [encode(q) for q in questions]

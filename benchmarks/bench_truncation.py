@@ -96,8 +96,11 @@ def generation_table(new_tokens: int, reps: int) -> list[dict]:
     rows = []
     for drafter in (None, jaxspec.NGramDrafter(gamma=4)):
         name = "plain" if drafter is None else "ngram g4"
-        run = lambda kw: jaxspec.generate(model, prompt, chat=True, drafter=drafter, max_new_tokens=new_tokens,  # noqa: E731
-                                          ignore_eos=True, seed=0, **kw)
+
+        def run(kw):
+            return jaxspec.generate(model, prompt, chat=True, drafter=drafter, max_new_tokens=new_tokens,
+                                    ignore_eos=True, seed=0, **kw)
+
         times = {label: [] for label in SETTINGS}
         taus = {label: run(kw).metrics.tau for label, kw in SETTINGS.items()}  # compiles
         for _ in range(reps):

@@ -154,7 +154,9 @@ def main(argv=None) -> int:
         ms = json.load(f)["results"][recorded["model"]]["ms"]
     xs = np.array(sorted(int(t) for t in ms))
     ys = np.array([ms[str(t)] for t in xs])
-    cost = lambda t: float(np.interp(t, xs, ys)) + args.loop_overhead_ms  # noqa: E731
+
+    def cost(t):
+        return float(np.interp(t, xs, ys)) + args.loop_overhead_ms
 
     print(f"{len(answers)} answers; estimated speedup over plain (median over prompts / min over category medians / "
           f"code rewrite) and tau")

@@ -185,7 +185,10 @@ def _train_head(args) -> int:
         print(f"wrote {os.path.abspath(r['sequences'])}: {r['n']} answered prompts")
         return 0
     first, last = r["initial"], r["final"]
-    acc = lambda r: [round(a, 3) for a in r["acceptance"]]  # noqa: E731
+
+    def acc(r):
+        return [round(a, 3) for a in r["acceptance"]]
+
     print(f"held-out loss {first['loss']:.3f} -> {last['loss']:.3f}; held-out acceptance (top-1 == target's, per "
           f"{'head' if medusa_heads else 'unrolled step'}) {acc(first)} -> {acc(last)}")
     print(f"wrote {os.path.join(os.path.abspath(args.out), 'head')}")

@@ -295,7 +295,10 @@ def train(target_params, target_config, data: Dataset, cfg: TrainConfig, out_dir
     held = held if len(held.tokens) else train_set
     place = Placement.auto(cfg.batch, data_parallel, log)
     frozen = place.replicate(recipe.frozen(target_params))
-    fresh = lambda: recipe.init(jax.random.key(cfg.seed), target_params, data.d2t)  # noqa: E731
+
+    def fresh():
+        return recipe.init(jax.random.key(cfg.seed), target_params, data.d2t)
+
     head = fresh()
     opt_state = optimizer(cfg, recipe.frozen_keys).init(head)
     start = 0
@@ -381,15 +384,21 @@ def run(model, prompt_ids: list[list[int]], cfg: TrainConfig, out_dir: str, *, m
         with open(meta) as f:
             saved = json.load(f)
         saved["settings"].setdefault("lm_head", "random")  # runs from before --lm-head
-        keep = lambda r: {**r, "settings": {k: v for k, v in r["settings"].items() if k != "steps"}}  # noqa: E731
+
+        def keep(r):
+            return {**r, "settings": {k: v for k, v in r["settings"].items() if k != "steps"}}
+
         if keep(saved) != keep(record):
             raise ValueError(f"--resume: the settings, prompts or target differ from those in {meta!r}")
     elif steps:
         raise ValueError(f"{out_dir!r} already holds checkpoints (steps {steps}): pass --resume, or another --out")
     # A fresh run in a directory whose data.npz was prepared for the same data (target, answers,
     # draft vocabulary, soft labels) reuses it, whatever the optimizer settings.
-    data_key = lambda r: ({k: r["settings"][k] for k in DATA_SETTINGS},  # noqa: E731
-                          {k: v for k, v in r.items() if k != "settings"})
+
+    def data_key(r):
+        return ({k: r["settings"][k] for k in DATA_SETTINGS},
+                {k: v for k, v in r.items() if k != "settings"})
+
     same_data = os.path.isfile(meta) and os.path.isfile(data_file)
     if same_data:
         with open(meta) as f:

@@ -238,7 +238,9 @@ class Request:
         extra = batch - len(self.rows)
         if extra == 0:
             return self
-        grow = lambda x: np.concatenate([x, np.repeat(x[:1], extra)])  # noqa: E731
+        def grow(x):  # the values of row 0 for the padding rows
+            return np.concatenate([x, np.repeat(x[:1], extra)])
+
         return dataclasses.replace(
             self, rows=self.rows + [self.rows[0]] * extra, prompt_lens=grow(self.prompt_lens),
             max_new_tokens=np.concatenate([self.max_new_tokens, np.ones(extra, np.int32)]), seeds=grow(self.seeds),
@@ -263,7 +265,9 @@ def _request(prompt, sc: SamplingConfig, config: ModelConfig, tokenizer, chat: b
         if bad:
             raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
     n_prompts = len(prompts)
-    per_row = lambda name: np.repeat(sc.per_prompt(name, n_prompts), sc.n)  # noqa: E731
+    def per_row(name):  # a setting's value for every row (each prompt's, repeated for its n samples)
+        return np.repeat(sc.per_prompt(name, n_prompts), sc.n)
+
     rows = [r for r in prompts for _ in range(sc.n)]
     lens = np.array([len(r) for r in rows], np.int64)
     max_new = per_row("max_new_tokens").astype(np.int64)  # int32 only once checked (SamplingConfig bounds it)

@@ -26,6 +26,7 @@ stderr with its time and whether it came from that cache.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import statistics
@@ -536,7 +537,7 @@ def _generate(args) -> int:
     cache_dir = compile_cache.enable() if args.compile_cache else None
     try:
         with console.status(f"loading {args.model}"):
-            load = lambda name: jaxspec.load(name, dtype=args.dtype)  # noqa: E731
+            load = functools.partial(jaxspec.load, dtype=args.dtype)
             model = jaxspec.load(args.model, dtype=args.dtype, mesh=mesh)
             drafter, drafter_params = _make_drafter(args, model, load)
     except (ValueError, FileNotFoundError) as e:

@@ -144,7 +144,9 @@ def _stop_strings(stops: StopTables, tail, new, allowed):
             hits.append(hit)
         return jnp.stack(tails, axis=1), jnp.stack(hits, axis=1) & allowed
 
-    skip = lambda tail: (jnp.repeat(tail[:, None], new.shape[1], axis=1), jnp.zeros(new.shape, bool))  # noqa: E731
+    def skip(tail):
+        return jnp.repeat(tail[:, None], new.shape[1], axis=1), jnp.zeros(new.shape, bool)
+
     return jax.lax.cond(jnp.any(stops.active), scan, skip, tail)
 
 
@@ -222,6 +224,11 @@ class _Verified:
     cache: KVCache | None = None  # the target cache with the window written (plain decoding), else None
 
 
+def _pad_window(x: jax.Array, width: int) -> jax.Array:
+    """``x [B, W, ...]`` padded to ``[B, width, ...]`` by repeating its last window entry."""
+    return jnp.pad(x, ((0, 0), (0, width - x.shape[1])) + ((0, 0),) * (x.ndim - 2), mode="edge")
+
+
 def _along(x: jax.Array, path: jax.Array) -> jax.Array:
     """``x [B, W, ...]`` gathered at window indices ``path [B, W']``."""
     return jnp.take_along_axis(x, path.reshape(path.shape + (1,) * (x.ndim - 2)), axis=1)
@@ -267,7 +274,7 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
     else:  # benchmarking only: the same forward and commit, drafts kept at random (NOT lossless)
         acc = synthetic.accept(fold_rows(keys, 1), p, tree, inputs.synthetic_rates)
     lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, width - x.shape[1])) + ((0, 0),) * (x.ndim - 2), mode="edge")  # noqa: E731
+    pad = functools.partial(_pad_window, width=width)
     accepted = acceptance.Accepted(acc.n_accepted, pad(acc.path), pad(acc.tokens))
     kv = None if write_first else jax.tree.map(lambda x: pad(_along(x, acc.path)), out.cache)
     return _Verified(accepted, kv, pad(_along(out.hidden, acc.path)),

@@ -141,11 +141,10 @@ def window_counts(history: History, tree: Tree | None, width: int) -> jax.Array:
 
 
 def _apply_penalties(logits, sp: SamplingParams, counts, in_prompt):
-    col = lambda x: x[:, None, None]  # noqa: E731  [B] -> [B, 1, 1]
+    r, freq, pres = (x[:, None, None] for x in (sp.repetition_penalty, sp.frequency_penalty, sp.presence_penalty))
     seen = in_prompt[:, None] | (counts > 0)
-    r = col(sp.repetition_penalty)
     logits = jnp.where(seen, jnp.where(logits > 0, logits / r, logits * r), logits)
-    return logits - col(sp.frequency_penalty) * counts - col(sp.presence_penalty) * (counts > 0)
+    return logits - freq * counts - pres * (counts > 0)
 
 
 def _suppress_stops(logits, sp: SamplingParams, history: History, offsets):
@@ -243,7 +242,9 @@ def processed_probs(
     x = x.astype(jnp.float32)
     b, t, v = x.shape
     if history is not None:
-        penalize = lambda x: _apply_penalties(x, sp, window_counts(history, tree, t), history.in_prompt)  # noqa: E731
+        def penalize(x):
+            return _apply_penalties(x, sp, window_counts(history, tree, t), history.in_prompt)
+
         x = jax.lax.cond(sp.uses_penalties(), penalize, lambda x: x, x)
         offsets = jnp.broadcast_to(jnp.arange(t)[None], (b, t)) if tree is None else tree.depth
         x = jax.lax.cond(jnp.any(history.n_generated < sp.min_new_tokens),
@@ -276,5 +277,7 @@ def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
     the batch it is in. Gumbel-max over ``log(probs)`` (``jax.random.categorical``): a one-hot
     row always yields its hot index and zero-probability tokens are never drawn.
     """
-    draw = lambda k, pr: jax.random.categorical(k, jnp.log(pr), axis=-1)  # noqa: E731
+    def draw(key, pr):
+        return jax.random.categorical(key, jnp.log(pr), axis=-1)
+
     return jax.vmap(draw)(keys, probs).astype(jnp.int32)

@@ -248,9 +248,9 @@ def shard_params(params: dict, config: ModelConfig, mesh: Mesh, sharded: bool = 
 def input_specs(inputs) -> Any:
     """PartitionSpecs of ``engine.Inputs``: per-row arrays (synthetic acceptance rates and gate thresholds included)
     over ``data``, stop-string tables (shared by all rows) replicated."""
-    rows = lambda tree: jax.tree_util.tree_map(lambda _: P(DATA), tree)  # noqa: E731
     return dataclasses.replace(
-        inputs, prompt=P(DATA), prompt_lens=P(DATA), max_new_tokens=P(DATA), sampling=rows(inputs.sampling),
+        inputs, prompt=P(DATA), prompt_lens=P(DATA), max_new_tokens=P(DATA),
+        sampling=jax.tree_util.tree_map(lambda _: P(DATA), inputs.sampling),
         keys=P(DATA), stops=jax.tree_util.tree_map(lambda _: P(), inputs.stops),
         synthetic_rates=None if inputs.synthetic_rates is None else P(DATA),
         gate_tau=None if inputs.gate_tau is None else P(DATA),

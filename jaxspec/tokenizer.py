@@ -25,12 +25,8 @@ from typing import Any, Iterable, Sequence
 __all__ = ["Tokenizer"]
 
 # llama_token_type values stored in tokenizer.ggml.token_type
-TOKEN_TYPE_NORMAL = 1
-TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
-TOKEN_TYPE_UNUSED = 5
-TOKEN_TYPE_BYTE = 6
 
 # tokenizer.ggml.pre values whose llama.cpp pre-tokenizer is "each digit alone, then GPT-2 regex".
 _DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}

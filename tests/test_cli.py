@@ -230,7 +230,10 @@ def test_library_errors_name_the_flags():
 
     assert message(lambda: jaxspec.EarlyExitDrafter(TARGET, n_layers=9)).startswith(
         "--early-exit-layers for early exit must be in [1, 1]")
-    gen = lambda **kw: jaxspec.generate({}, [1, 2, 3], config=TARGET, **kw)  # noqa: E731
+
+    def gen(**kw):
+        return jaxspec.generate({}, [1, 2, 3], config=TARGET, **kw)
+
     assert message(lambda: gen(stop_token_ids=[999999])).startswith("--stop-token-id has token id 999999 outside")
     assert "+ --max-new-tokens (100000) = 100003 exceeds" in message(lambda: gen(max_new_tokens=100000))
     budget = message(lambda: gen(drafter=jaxspec.NGramDrafter(gamma=100000)))

@@ -316,8 +316,11 @@ def test_missing_or_truncated_head_file_is_refused(trained, tmp_path):
 def test_bad_training_input_is_refused_before_compiling(tiny, tmp_path):
     """Empty data, a draft vocabulary larger than the target's, a bad setting: errors naming
     the file or the setting and its limit, before any program is compiled."""
-    programs = lambda: (len(jaxspec.api._COMPILED), trainer._train_step._cache_size(),  # noqa: E731
-                        head_dataset._teacher_forced._cache_size())
+
+    def programs():
+        return (len(jaxspec.api._COMPILED), trainer._train_step._cache_size(),
+                head_dataset._teacher_forced._cache_size())
+
     before = programs()
     model = jaxspec.Model(tiny.params, tiny.cfg)
     empty = tmp_path / "empty.jsonl"

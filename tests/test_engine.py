@@ -167,8 +167,11 @@ def test_padded_plain_fits_a_cache_without_slack(tiny, plain_greedy, inputs_fact
     moved the last step's keys onto a committed slot (one slot less fails this)."""
     inputs = inputs_factory(tiny.prompts, max_new_tokens=tiny.max_new)
     max_len = inputs.prompt.shape[1] + tiny.max_new + 3 - 2
-    run = lambda m: jax.jit(functools.partial(engine.run_program, config=tiny.cfg, drafter=None,  # noqa: E731
-                                              max_len=max_len, min_pass_tokens=m))(tiny.params, None, inputs)
+
+    def run(m):
+        return jax.jit(functools.partial(engine.run_program, config=tiny.cfg, drafter=None,
+                                         max_len=max_len, min_pass_tokens=m))(tiny.params, None, inputs)
+
     padded, unpadded = run(3), run(1)
     for b, (prompt, ref) in enumerate(zip(tiny.prompts, plain_greedy)):
         assert np.asarray(padded.tokens[b, len(prompt):len(prompt) + tiny.max_new]).tolist() == ref, b

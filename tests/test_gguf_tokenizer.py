@@ -257,7 +257,9 @@ def _write_tiny(path, arch="llama", H=4, KV=2, hd=8, D=16, F=24, n_layers=2, tie
     def permute(t, n):  # llama.cpp convert_hf_to_gguf LlamaModel.permute, torch [out, in]
         return t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
 
-    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    def f32(*s):
+        return rng.standard_normal(s).astype(np.float32)
+
     hf = {"embed": f32(V, D), "final_norm": f32(D), "layers": []}
     w.add_tensor("token_embd.weight", hf["embed"])
     for i in range(n_layers):

@@ -43,7 +43,10 @@ def test_skipped_prompts_continue_the_seeded_sequence():
     data run answers prompts no earlier run answered."""
     whole = instruct_prompts(12, seed=3)
     assert drafter_data.read_prompts(instruct=5, seed=3, instruct_skip=7) == whole[7:]
-    text = lambda ps: {p.messages[0]["content"] for p in ps}  # noqa: E731
+
+    def text(ps):
+        return {p.messages[0]["content"] for p in ps}
+
     assert not text(whole[7:]) & text(instruct_prompts(7, seed=3))
     with pytest.raises(ValueError, match=r"--instruct-skip must be >= 0, got -1"):
         drafter_data.read_prompts(instruct=5, instruct_skip=-1)

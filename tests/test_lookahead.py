@@ -34,7 +34,10 @@ def test_window_is_the_papers_2d_mask():
                         jnp.asarray(np.arange(d.n_nodes) < n_trie)[None])
     tree = jax.jit(Tree.of)(jnp.zeros((1,), jnp.int32), proposal)
     depth, seen = np.asarray(tree.depth[0]), np.asarray(tree.ancestors[0])
-    entry = lambda lv, col: 1 + n_trie + lv * w + col  # noqa: E731  window index of (level, column)
+
+    def entry(lv, col):  # window index of (level, column)
+        return 1 + n_trie + lv * w + col
+
     for lv in range(levels):
         for col in range(w):
             e = entry(lv, col)

@@ -29,8 +29,11 @@ def test_generate_decodes_plainly_above_the_limit(tiny, plain_greedy, monkeypatc
     """3 rows over a limit of 2: plain decoding's program (nothing new compiled) and tokens,
     the reason in the metrics; at the limit, or with None, it speculates."""
     drafter = jaxspec.NGramDrafter(gamma=3, max_n=3, min_n=1)  # conftest's n-gram drafter: its program exists
-    run = lambda rows, **kw: jaxspec.generate(tiny.params, tiny.prompts[:rows], config=tiny.cfg,  # noqa: E731
-                                              drafter=drafter, max_new_tokens=tiny.max_new, ignore_eos=True, **kw)
+
+    def run(rows, **kw):
+        return jaxspec.generate(tiny.params, tiny.prompts[:rows], config=tiny.cfg,
+                                drafter=drafter, max_new_tokens=tiny.max_new, ignore_eos=True, **kw)
+
     off = run(3, disable_by_batch_size=2)
     assert off.tokens == plain_greedy
     assert off.metrics.speculation.startswith("plain decoding: 3 rows > disable_by_batch_size 2")

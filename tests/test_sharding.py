@@ -91,8 +91,11 @@ def test_mesh_gives_unsharded_tokens(single, name):
 def _reuses_an_earlier_program(case, ran) -> bool:
     """An earlier case has the same program: same mesh, drafter and settings shapes, and the
     same batch once padded to a multiple of ``data``."""
-    key = lambda c: (c.mesh, c.drafter, c.shard_drafter, c.config, c.logprobs, c.gate is None,  # noqa: E731
-                     -(-c.batch // c.mesh[0]))
+
+    def key(c):
+        return (c.mesh, c.drafter, c.shard_drafter, c.config, c.logprobs, c.gate is None,
+                -(-c.batch // c.mesh[0]))
+
     earlier = [c for c in CASES[: CASES.index(case)] if c.name in ran]
     return any(key(c) == key(case) for c in earlier)
 
@@ -283,7 +286,9 @@ def test_cli_mesh_flag_and_launch_errors():
     pytest process has 1 CPU device); ``launch.initialize`` needs all three addresses or none."""
     from jaxspec import cli
 
-    parse = lambda *a: cli._parser().parse_args(["generate", "hi", *a])  # noqa: E731
+    def parse(*a):
+        return cli._parser().parse_args(["generate", "hi", *a])
+
     assert parse("--mesh", "2x4").mesh == "2x4"
     with pytest.raises(SystemExit, match="--mesh: mesh 2x4 .* needs 8 devices, there are 1"):
         cli._mesh(parse("--mesh", "2x4"))

@@ -229,7 +229,10 @@ def test_ngram_adaptive_tree_drafts_the_copying_match_alone():
     np.testing.assert_array_equal(np.asarray(sizes), [3, 2])
     assert int(ngram.match_extent(row, n, jnp.int32(4), 16)) == 4
     assert int(ngram.match_extent(row, n, jnp.int32(4), 3)) == 3
-    ctx = lambda: None  # noqa: E731
+
+    def ctx():
+        return None
+
     ctx.tokens, ctx.seq_lens = row[None], n[None]
     for long_match in (4, 5):
         d = jaxspec.NGramDrafter(gamma=6, short_gamma=2, branches=2, long_match=long_match, branch_min_n=2)

@@ -148,8 +148,8 @@ class EagleDrafter:
         out = eagle3.forward(params["head"], self.config, params["embed"], tokens, state.pending, positions,
                              state.cache)
         last = jnp.clip(context.seq_lens - 2 - state.start, 0, w - 1)[:, None, None]
-        at_last = lambda x: jnp.take_along_axis(x, last, axis=1)[:, 0]  # noqa: E731
-        return at_last(out.logits), at_last(out.hidden), out.cache
+        logits, hidden = (jnp.take_along_axis(x, last, axis=1)[:, 0] for x in (out.logits, out.hidden))
+        return logits, hidden, out.cache
 
     def propose(self, params, state: EagleState, context):
         logits, hidden, cache = self._read_pending(params, state, context)

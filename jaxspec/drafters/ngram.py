@@ -105,6 +105,11 @@ def match_extent(row: jax.Array, n: jax.Array, start: jax.Array, limit: int) -> 
     return jnp.sum(jnp.cumprod(ok.astype(jnp.int32)))
 
 
+def _pad_to(x: jax.Array, n: int, fill) -> jax.Array:
+    """``x [m]`` padded with ``fill`` to ``[n]``."""
+    return jnp.pad(x, (0, n - x.shape[0]), constant_values=fill)
+
+
 def merge_branches(branches: jax.Array, found: jax.Array):
     """Merge ``k`` branches of ``gamma`` tokens from the root into a trie.
 
@@ -203,11 +208,11 @@ class NGramDrafter(Stateless):
         found = (starts >= 0) & ((jnp.arange(self.branches) == 0) | (sizes >= min_n))  # a prefix: ranked by size
         if not self.short_gamma:
             return merge_branches(conts, found)
-        pad = lambda x, fill: jnp.pad(x, (0, self.n_nodes - x.shape[0]), constant_values=fill)  # noqa: E731
         tree = merge_branches(conts[:, : self.short_gamma], found)
         chain = (conts[0], jnp.arange(self.gamma, dtype=jnp.int32) - 1, jnp.full((self.gamma,), starts[0] >= 0))
         copying = match_extent(row, n, starts[0], self.long_match) >= self.long_match
-        return tuple(jnp.where(copying, pad(c, f), pad(t, f)) for c, t, f in zip(chain, tree, (0, -1, False)))
+        return tuple(jnp.where(copying, _pad_to(c, self.n_nodes, f), _pad_to(t, self.n_nodes, f))
+                     for c, t, f in zip(chain, tree, (0, -1, False)))
 
     def propose(self, params, state, context):
         tokens, parents, valid = jax.vmap(self._draft_row)(context.tokens, context.seq_lens)

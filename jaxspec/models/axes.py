@@ -18,7 +18,6 @@ replication: add a new parameter here when adding it to ``param_shapes``.
 from __future__ import annotations
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.decoder import param_shapes
 
 # Per-layer leaf -> logical axes of its dimensions (the layout of jaxspec.models.decoder).
 LAYER_AXES = {
@@ -75,17 +74,3 @@ def leaf_axes(path: tuple, ndim: int | None = None) -> tuple:
 def leaves_along(logical: str) -> frozenset:
     """Per-layer leaf names with a dimension along ``logical`` (``"kv_heads"``: wk, wv, bk, bv)."""
     return frozenset(k for k, axes in LAYER_AXES.items() if logical in axes)
-
-
-def param_axes(config: ModelConfig) -> dict:
-    """The params pytree of ``config`` with logical-axes tuples as leaves (``param_shapes``'
-    structure; a tuple is a leaf here, not a subtree).
-
-    Raises:
-      ValueError: a parameter of ``param_shapes(config)`` is missing from the table.
-    """
-    shapes = param_shapes(config)
-    out = {k: leaf_axes((k,), len(v)) for k, v in shapes.items() if k != "layers"}
-    out["layers"] = [{k: leaf_axes(("layers", i, k), len(v)) for k, v in layer.items()}
-                     for i, layer in enumerate(shapes["layers"])]
-    return out
