@@ -139,11 +139,15 @@ def main(argv=None) -> int:
 
 def _train_head(args) -> int:
     """``train-eagle`` / ``train-medusa``: every input checked before anything compiles."""
+    import importlib.util
     import os
 
     import jaxspec
     from checkpoints_tools import drafter_data, trainer
 
+    if importlib.util.find_spec("optax") is None:
+        raise SystemExit(f"error: {args.command} needs optax, which jaxspec installs only for training: "
+                         "pip install -e '.[train]'")
     medusa_heads = getattr(args, "heads", 0)
     if args.command == "train-medusa" and medusa_heads < 1:
         raise ValueError(f"--heads must be >= 1, got {medusa_heads}")

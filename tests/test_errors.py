@@ -275,3 +275,16 @@ def test_arguments_that_would_be_ignored(params):
         jaxspec.generate(model, "x", tokenizer="abc", max_new_tokens=8)
     with pytest.raises(ValueError, match="drafter_params given without a drafter"):
         jaxspec.generate(model, [3], drafter_params=params, max_new_tokens=8)
+
+
+def test_training_without_optax_names_the_extra(monkeypatch, tmp_path):
+    """optax is the train extra, not a dependency: train-eagle without it says what to install,
+    before reading any model."""
+    import importlib.util
+
+    from checkpoints_tools import __main__ as tools
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "optax" else real(name, *a))
+    with pytest.raises(SystemExit, match=r"train-eagle needs optax.*pip install -e '\.\[train\]'"):
+        tools.main(["train-eagle", "--model", "no-such-model", "--out", str(tmp_path / "run")])
