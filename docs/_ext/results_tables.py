@@ -25,6 +25,9 @@ RESULTS = {
     "spec_bench_qwen_gate": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_2026-12-04_gate.json", "spec_bench"),
     "pass_cost_cpu": ("benchmarks/results/pass_cost_cpu_2026-12-01.json", "pass_cost"),
     "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2_cpu_2026-12-02.json", "batch_sweep"),
+    "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen_cpu_2026-12-03.json", "batch_sweep"),
+    "batch_sweep_qwen_b2_8_32": ("benchmarks/results/batch_sweep_qwen_cpu_2026-12-03_b2_8_32.json", "batch_sweep"),
+    "batch_sweep_smollm2_heads": ("benchmarks/results/batch_sweep_smollm2_cpu_2026-12-03_heads.json", "batch_sweep"),
     "accelerator_h200_8b": ("benchmarks/results/accelerator_nvidia-h200_2026-12-04_llama-3.1-8b.json", "accelerator"),
     "accelerator_h200_1b": ("benchmarks/results/accelerator_nvidia-h200_2026-12-04_llama-3.2-1b.json", "accelerator"),
 }
