@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).parent.parent
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 
@@ -30,6 +32,8 @@ def test_results_files_exist():
 def test_no_citation_of_a_missing_design_file():
     """Code, tests and benchmarks cite the design as docs/design.md, which exists."""
     assert (ROOT / "docs" / "design.md").is_file()
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
     out = subprocess.run(["git", "grep", "-l", "DESIGN" + ".md"], cwd=ROOT, capture_output=True, text=True)
     assert out.stdout == "", out.stdout
 
