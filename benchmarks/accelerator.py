@@ -32,7 +32,7 @@ Goals, printed PASS/FAIL (never asserted): target pass (B 1, T 1) <= 1.15x the f
 (gamma + 1)-token verify <= 1.05x a 1-token pass (B 1); jaxspec plain decoding >= 1.5x
 transformers' static-cache tok/s (B 1). Reference, H200, bf16, B 1, 2048 slots, Llama-3-8B
 shape: floor 4.0 ms, transformers static cache 7.9 ms/token, unrolled layers 9.2 ms, 8.6 ms
-with donated caches (DESIGN.md).
+with donated caches (docs/design.md).
 
 Budget: sized for ~5 minutes on an H200 (8B in bf16 is 16 GB; jax gets 60% of device memory,
 ``XLA_PYTHON_CLIENT_MEM_FRACTION``, so torch has room for its copy): 3 timed repeats, 128 new

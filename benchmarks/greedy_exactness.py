@@ -1,7 +1,7 @@
 """Greedy speculative decoding == plain decoding, token for token, on whatever device jax runs
-on, in bfloat16 and float32: the check to run whenever an accelerator is lent.
+on, in bfloat16 and float32: the check to run on every new accelerator.
 
-The engine's invariant (DESIGN.md, invariant 1) is proven on CPU in float32 by the test suite.
+The engine's invariant (docs/design.md, invariant 1) is proven on CPU in float32 by the test suite.
 On an accelerator a verify pass of T tokens runs other kernels than plain decoding's 1-token
 pass (another matmul tiling, split-K, TF32 for float32 by default on NVIDIA), so its logits
 can differ in the last bits, and at a near-tie the greedy token flips: the output then

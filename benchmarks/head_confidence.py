@@ -13,8 +13,8 @@ top-k coverage (a tree's first level with k branches).
 If the head's agreement within each bin is about the same on every set, the drop comes from
 how the positions fall into the bins (the answers are less certain), not from the head
 failing to generalise; more training data of the same kind then cannot close it. For the
-SmolLM2 head that ships it is the other way round (README, "Where the head loses its
-acceptance"): the same p_max on every set, half the agreement on prompts of an unseen kind.
+SmolLM2 head that ships it is the other way round (docs/training.md, "What limits a
+head's acceptance"): the same p_max on every set, half the agreement on prompts of an unseen kind.
 
     PYTHONPATH=. python benchmarks/head_confidence.py \
         --training-files checkpoints_tools/data/smollm2-135m-answers.json,checkpoints_tools/data/smollm2-135m-instruct-answers.json \

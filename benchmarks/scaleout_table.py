@@ -1,4 +1,4 @@
-"""Paper arithmetic for scale-out (README "Scale out"): per chip and per verify step of a
+"""Paper arithmetic for scale-out (docs/scale_out.md): per chip and per verify step of a
 tensor-parallel target, the bytes read from HBM, the weight-streaming floor those bytes set
 at the chip's HBM bandwidth, and the bytes and count of collectives, so a user can predict
 tokens/s as ``tau / (floor + communication + overheads)``.

@@ -3,8 +3,8 @@
 Streaming: the reader yields one tensor at a time (safetensors memory-maps its file; GGUF
 tensors are dequantized one by one); each is cast to ``--dtype`` on the host and placed on the CPU device (never an
 accelerator), then orbax writes the tree without compression, at most 1 GB in flight. Peak host memory is therefore one
-copy of the model in the target dtype plus one float32 tensor plus the runtime (README has the
-measured figures).
+copy of the model in the target dtype plus one float32 tensor plus the runtime (docs/checkpoints.md,
+"Converting, inspecting, verifying").
 """
 
 from __future__ import annotations

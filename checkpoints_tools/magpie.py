@@ -4,8 +4,8 @@ Scratch by Prompting Aligned LLMs with Nothing", Sec. 2.1, step 1).
 
 Why: a draft head is served on what users ask the target, and the templated instructions of
 ``instruct_prompts`` are a few dozen sentence shapes: a head trained on their answers reached
-tau 1.99 on held-out templated prompts but 1.44 on Spec-Bench's (README, "More answers of the
-same kind"). An instruction-tuned model, left to continue ``<|im_start|>user\\n``, writes the
+tau 1.99 on held-out templated prompts but 1.44 on Spec-Bench's (docs/training.md, "What limits a
+head's acceptance"). An instruction-tuned model, left to continue ``<|im_start|>user\\n``, writes the
 kind of request its own fine-tuning data held (SmolLM2-135M-Instruct's included Magpie-Ultra),
 so its queries cover the distribution the target was aligned on, in every shape and length,
 with no dataset download and no benchmark text. The answers are then the target's own

@@ -1,7 +1,7 @@
 """Generate reference logits for SmolLM2-135M-Instruct (GGUF Q4_1), Gemma 3 270M or the
 Qwen2.5-Coder 0.5B / 1.5B pair (GGUF Q4_K_M) with Hugging Face transformers.
 
-Independent reference for invariant 5 of DESIGN.md ("a real checkpoint's logits match an
+Independent reference for invariant 5 of docs/design.md ("a real checkpoint's logits match an
 independent reference implementation"): transformers dequantizes the same GGUF with its own
 code, un-permutes Q/K with its own loader, and runs its own LlamaForCausalLM (or
 Gemma3ForCausalLM) in float32.

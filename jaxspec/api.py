@@ -477,7 +477,7 @@ def generate(
     as a 1-token pass does: on CPU it does (the test suite asserts equality in float32 and
     bfloat16). On a GPU XLA runs other kernels for 1 and for T tokens, which round
     differently: in bfloat16 on an H200 a near-tie then flips, and greedy output can diverge
-    from plain decoding's (``benchmarks/greedy_exactness.py``; README, "Accelerator benchmark").
+    from plain decoding's (``benchmarks/greedy_exactness.py``; docs/benchmarks.md, "Greedy exactness on GPU").
 
     Args:
       model: a ``Model`` (from ``load``) or a params pytree (then pass ``config``); not a
@@ -525,7 +525,7 @@ def generate(
         ``(1, gamma + 1]``, or None (never). ``metrics.gated`` says which rows it stopped (not a
         row whose low window ended with its last step). Lossless either way.
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
-        ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\n\n"], n=4, logprobs=5``.
+        ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\\n\\n"], n=4, logprobs=5``.
 
     Returns:
       ``GenerationResult`` (tokens, texts, finish and stop reasons, logprobs, metrics).

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 
 def default_dtype():
-    """Parameter dtype default: float32 on CPU (XLA:CPU runs bfloat16 3.6x slower, DESIGN.md),
+    """Parameter dtype default: float32 on CPU (XLA:CPU runs bfloat16 3.6x slower, docs/design.md),
     bfloat16 on accelerators."""
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 

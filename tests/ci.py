@@ -4,7 +4,7 @@ CI must stay under 30 minutes on a 2-core machine, so a test's full matrix (ever
 every gamma and setting, every mesh) runs in the ``slow`` set, and CI runs the cases in
 ``keep``: every drafter kind and every setting at least once. ``slow`` tests are deselected by
 default (``pyproject.toml``); ``python -m pytest -q -n 2 --dist loadfile -m slow tests`` runs
-them (README, "Tests").
+them (docs/contributing.md, "The slow marker").
 """
 
 from __future__ import annotations

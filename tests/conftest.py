@@ -1,7 +1,7 @@
 """Shared tiny random models for the CPU test suite.
 
 Every test here runs float32 on CPU, where the engine's greedy output must equal the
-target's own greedy output token for token (DESIGN.md, invariant 1). Compiles dominate the
+target's own greedy output token for token (docs/design.md, invariant 1). Compiles dominate the
 suite's time, so the models are tiny and every test of the core engine reuses the same few
 static shapes: the target config ``TARGET``, prompts of at most ``api.PROMPT_BUCKET`` tokens
 and ``max_new_tokens`` small enough that every call lands in the same 256-slot cache bucket.

@@ -32,7 +32,7 @@ def run_fresh(tmp_path, script=SCRIPT, **env) -> dict:
 
 
 def test_plain_import_exposes_it(tmp_path):
-    """``import jaxspec`` alone gives ``jaxspec.compile_cache.enable()`` (as the README writes it),
+    """``import jaxspec`` alone gives ``jaxspec.compile_cache.enable()`` (as docs/getting_started.md writes it),
     and importing configures nothing: no cache directory set or created."""
     script = ("import json, jax, jaxspec\n"
               "print(json.dumps({'dir': jax.config.jax_compilation_cache_dir,"

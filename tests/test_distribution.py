@@ -1,4 +1,4 @@
-"""Invariant 2: speculative sampling draws from exactly the target's distribution.
+"""Invariant 2 (docs/design.md): speculative sampling draws from exactly the target's distribution.
 
 A tiny target (vocabulary 8) generates 3 tokens after a fixed prompt; the exact probability
 of each of the 8^3 = 512 continuations is enumerated from ``jaxspec.models.forward`` over all

@@ -1,7 +1,7 @@
 """EAGLE-3 (issue 11): the drafter behind the protocol, its head files, and training.
 
 Exactness does not depend on training: a random head drafts mostly wrong tokens, and greedy
-output must still equal plain decoding token for token (invariant 1). Training tests use a
+output must still equal plain decoding token for token (docs/design.md, invariant 1). Training tests use a
 short run on the tiny target (``checkpoints_tools.trainer``, ``checkpoints_tools.train_eagle``)."""
 
 from __future__ import annotations

@@ -523,7 +523,7 @@ def test_generate_runs_one_program_and_one_transfer(tiny, monkeypatch):
 
 
 def test_new_values_do_not_recompile(tiny, plain_greedy):
-    """Per-request values are arrays (DESIGN.md): another stop-id list (up to 8 ids), temperature,
+    """Per-request values are arrays (docs/design.md): another stop-id list (up to 8 ids), temperature,
     seed, max_new_tokens or prompt within the bucket reuses the compiled program."""
     tiny.generate(tiny.prompts, stop_token_ids=(5,))
     compiled = len(jaxspec.api._COMPILED)

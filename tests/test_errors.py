@@ -1,4 +1,4 @@
-"""Invariant 7: bad input gets a clear error naming the argument and the limit, before any
+"""Invariant 7 (docs/design.md): bad input gets a clear error naming the argument and the limit, before any
 compile (``api._jitted`` is patched to fail if reached)."""
 
 import jax

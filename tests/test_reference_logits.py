@@ -1,4 +1,4 @@
-"""Invariant 5: SmolLM2-135M logits match an independent implementation (transformers).
+"""Invariant 5 (docs/design.md): SmolLM2-135M logits match an independent implementation (transformers).
 
 The reference logits in ``tests/data/smollm2_reference_logits.npz`` were computed by Hugging
 Face transformers 5.24 (torch 2.13 CPU, float32) from the same GGUF, with its own

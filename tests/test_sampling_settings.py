@@ -178,7 +178,7 @@ def test_logprobs_spec_equals_plain_and_full_forward(tiny, kind):
     1e-5 (float32: the (gamma+1)-token window and the 1-token forward sum in different orders;
     measured gaps are ~2e-7, one ulp of values near 3). Sampled (T = 1): every
     emitted token's logprob equals the log-softmax of an uncached full forward over prompt +
-    output within 1e-5 (invariant 4's tolerance for cached vs uncached logits)."""
+    output within 1e-5 (docs/design.md: invariant 4's tolerance for cached vs uncached logits)."""
     plain = tiny.generate(tiny.prompts, logprobs=3)
     spec = tiny.generate(tiny.prompts, kind, 4, logprobs=3)
     assert spec.tokens == plain.tokens

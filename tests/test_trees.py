@@ -317,7 +317,7 @@ def test_tree_logprobs_min_new_tokens_and_stop_ids_equal_plain(tiny, kind):
     """Along the accepted path: logprobs of the emitted tokens (and their top alternatives)
     equal plain decoding's, ``min_new_tokens`` suppresses a stop id the same way, and a stop
     id ends the row at the same token. Tolerance 1e-5: a T-token and a 1-token float32 pass
-    differ by a few ulps in the logits (README, "Noticed"); these logprobs are O(1)."""
+    differ by a few ulps in the logits (docs/design.md, invariant 4); these logprobs are O(1)."""
     drafter, dparams = tree_drafter(tiny, kind, 3)
     plain_free = gen(tiny, tiny.prompts)
     stop_id = plain_free.tokens[0][3]  # the 4th token of row 0: min_new_tokens 6 suppresses it there

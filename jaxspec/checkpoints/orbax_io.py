@@ -112,7 +112,7 @@ def _write(tmp, params, config, tensors, tokenizer_metadata, tokenizer_dir, sour
     import orbax.checkpoint as ocp
 
     # No compression (float weights barely compress) and at most 1 GB in flight: orbax then adds
-    # no host copy of CPU arrays (measured: README "Converting checkpoints").
+    # no host copy of CPU arrays (measured: docs/checkpoints.md, "Converting, inspecting, verifying").
     handler = ocp.PyTreeCheckpointHandler(use_compression=False, save_concurrent_gb=1)
     with ocp.Checkpointer(handler) as ckpt:
         ckpt.save(os.path.join(tmp, "params"), args=ocp.args.PyTreeSave(params))

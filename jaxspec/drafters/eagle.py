@@ -65,7 +65,7 @@ class EagleDrafter:
       config: the head's ``EagleConfig`` (its target, draft vocabulary, captured layers).
       gamma, tree_nodes, branching, confidence: as ``ModelDrafter``'s; ``branching <= draft_vocab``;
         ``confidence`` defaults to 0 here (a head's forward is cheap, and a threshold never beat
-        plain gamma 2 with SmolLM2's head: README, "Chains that stop where the drafter doubts").
+        plain gamma 2 with SmolLM2's head: docs/drafters/eagle3.md, "Confidence").
 
     ``drafter_params``: the head (``jaxspec.load_eagle_head`` returns it with its drafter):
     ``{"head": params, "d2t": int32 [Vd]}``; ``select_params`` adds the target's embedding.

@@ -165,8 +165,8 @@ def _ngrams(tokens: jax.Array, ends: jax.Array, n: int) -> jax.Array:
 class LookaheadDrafter:
     """Lookahead decoding: Jacobi lookahead branch + n-gram pool verification, on device.
 
-    Attributes (the paper's W, N, G, Sec. 3):
-      window: W, columns of the lookahead window (tokens per Jacobi level), in [1, 64].
+    Attributes:
+      window: W (W, N, G are the paper's symbols, Sec. 3), columns of the lookahead window (tokens per Jacobi level), in [1, 64].
       ngram: N, n-gram size: levels kept = N - 1, candidate depth = N - 1, in [2, 16].
       guesses: G, most candidates verified per step, in [1, 64].
       pool_size: n-gram slots per row, in [window + ngram + 1, 65536] (one step offers

@@ -29,7 +29,7 @@ sums partial results over the axis after wo and w_down (Megatron-LM, Shoeybi et 
 Sec. 3), looks embeddings up in the local vocabulary slice and sums, and gathers the local
 logits into the full vocabulary.
 
-Layers are a Python list, not stacked: DESIGN.md measured unrolled layers 1.5x faster than
+Layers are a Python list, not stacked: docs/design.md measured unrolled layers 1.5x faster than
 ``lax.scan`` over stacked weights on H200; the price is compile time linear in depth.
 
 Shape letters: the package legend (``jaxspec``): B batch, T new tokens, S cache slots, D model

@@ -1,0 +1,201 @@
+"""Sphinx extension: benchmark tables generated from ``benchmarks/results/*.json`` at build time.
+
+Each entry of ``RESULTS`` names one results file and how to read it; on ``builder-inited`` the
+extension writes ``docs/_generated/results/<name>.md`` (a Markdown table, the command that made
+the file, its machine and versions), which the pages pull in with MyST's ``{include}``. The
+numbers are never copied by hand: a results file that changes changes the page.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+OUT = os.path.join(ROOT, "docs", "_generated", "results")
+
+# name -> (results file, kind). The headline results the documentation quotes.
+RESULTS = {
+    "spec_bench_smollm2_quiet": ("benchmarks/results/spec_bench_smollm2_2026-12-02_quiet.json", "spec_bench"),
+    "spec_bench_smollm2_drafters": ("benchmarks/results/spec_bench_smollm2_2026-12-03_drafters.json", "spec_bench"),
+    "spec_bench_smollm2_gate": ("benchmarks/results/spec_bench_smollm2_2026-12-04_gate.json", "spec_bench"),
+    "spec_bench_qwen": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_2026-12-02.json", "spec_bench"),
+    "spec_bench_qwen_gate": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_2026-12-04_gate.json", "spec_bench"),
+    "pass_cost_cpu": ("benchmarks/results/pass_cost_cpu_2026-12-01.json", "pass_cost"),
+    "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2_cpu_2026-12-02.json", "batch_sweep"),
+    "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen_cpu_2026-12-03.json", "batch_sweep"),
+    "batch_sweep_qwen_b2_8_32": ("benchmarks/results/batch_sweep_qwen_cpu_2026-12-03_b2_8_32.json", "batch_sweep"),
+    "batch_sweep_smollm2_heads": ("benchmarks/results/batch_sweep_smollm2_cpu_2026-12-03_heads.json", "batch_sweep"),
+    "accelerator_h200_8b": ("benchmarks/results/accelerator_nvidia-h200_2026-12-04_llama-3.1-8b.json", "accelerator"),
+    "accelerator_h200_1b": ("benchmarks/results/accelerator_nvidia-h200_2026-12-04_llama-3.2-1b.json", "accelerator"),
+}
+
+
+def _f(x, spec=".2f", suffix=""):
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _command(cmd: str) -> str:
+    """The command as a reader would type it (the interpreter's absolute path dropped)."""
+    words = cmd.split()
+    if words and words[0].endswith(("python", "python3")) and "/" in words[0]:
+        words = ["PYTHONPATH=.", "python"] + words[1:]
+    if "--out" in words:  # where that run wrote its file; the default is benchmarks/results/
+        i = words.index("--out")
+        del words[i:i + 2]
+    return " ".join(words)
+
+
+def _machine(d: dict) -> str:
+    m, v = d.get("machine", {}), d.get("versions", {})
+    where = m.get("device_kind") or m.get("cpu_model", "?")
+    return (f"{where}, {m.get('cores', '?')} CPU cores; jax {v.get('jax', '?')}"
+            + (f", jaxspec {v['jaxspec_git'][:7]}" if v.get("jaxspec_git") else ""))
+
+
+def _source(path: str, d: dict, date: str) -> list[str]:
+    return ["", f"From `{path}` ({date}; {_machine(d)}), made by:", "", "```bash", _command(d["command"]), "```", ""]
+
+
+def spec_bench(path: str, d: dict) -> str:
+    greedy = d["summary"]["greedy"]
+    md = []
+    for b, per in d["summary"]["by_batch_size"].items():
+        md += [f"Batch size {b}, {d['settings']['questions']} prompts, up to {d['settings']['max_new_tokens']} new "
+               f"tokens, {'greedy' if greedy else 'temperature ' + str(d['settings']['temperature'])}:", "",
+               "| method | tok/s | median speedup vs plain (min-max) | mean accepted tokens | tau |"
+               + (" identical to plain |" if greedy else ""),
+               "|---|---|---|---|---|" + ("---|" if greedy else "")]
+        for name, x in per.items():
+            cells = [f"`{name}`", _f(x["median_tokens_per_s"], ".1f"),
+                     f"{_f(x['median_speedup_vs_plain'], '.2f', 'x')} ({x['min_speedup_vs_plain']:.2f}-"
+                     f"{x['max_speedup_vs_plain']:.2f})", _f(x["mean_accepted_tokens"]), _f(x.get("tau"))]
+            if greedy:
+                cells.append("-" if name.startswith("hf_") else f"{x['identical_to_plain']}/{x['questions']}")
+            md.append("| " + " | ".join(cells) + " |")
+        md.append("")
+    return "\n".join(md + _source(path, d, d["started_utc"][:10]))
+
+
+def batch_sweep(path: str, d: dict) -> str:
+    res = d["results"]
+    sizes = list(res["plain"])
+    md = ["| batch size | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes),
+          "| `plain`, tok/s (all rows) | " + " | ".join(_f(res["plain"][b]["tokens_per_s"], ".1f") for b in sizes) + " |"]
+    for name, per in res.items():
+        if name != "plain":
+            md.append(f"| `{name}` vs plain | "
+                      + " | ".join(_f(per[b]["speedup_vs_plain"], ".2f", "x") if b in per else "-" for b in sizes) + " |")
+    ident = all(per[b].get("identical_to_plain", True) for per in res.values() for b in per)
+    md += ["", f"Every output identical to plain decoding: {'yes' if ident else 'NO'}."]
+    return "\n".join(md + _source(path, d, d["started_utc"][:10]))
+
+
+def accelerator(path: str, d: dict) -> str:
+    md = []
+    for shape, s in d["shapes"].items():
+        p, e = s["pass"]["ms"], s["e2e"]
+        plain = e["plain"]["decode_tokens_per_s"]
+        rows = [("weight-streaming floor (weights / measured copy bandwidth)", f"{s['floor_ms']:.2f} ms"),
+                ("target pass, batch 1, T = 1 / 5 / 31 tokens",
+                 " / ".join(_f(p.get(f"B1_T{t}")) for t in (1, 5, 31)) + " ms"),
+                ("plain decoding, ms per token", f"{1e3 / plain:.2f} ms")]
+        hf = s.get("transformers", {}).get("B1")
+        if hf:
+            rows.append(("transformers, static cache, ms per token", f"{hf['ms_per_step']:.2f} ms"))
+        taus = [k for k in e if k.startswith("synthetic_tau")]
+        if taus:
+            rows.append(("synthetic tau " + " / ".join(k[len("synthetic_tau"):] for k in taus)
+                         + " vs plain (NOT lossless)",
+                         " / ".join(f"{e[k]['decode_tokens_per_s'] / plain:.2f}x" for k in taus)))
+        md += [f"{shape} shape, {s['dtype']}, random weights:", "", "| measurement | value |", "|---|---|"]
+        md += [f"| {a} | {b} |" for a, b in rows] + [""]
+    goals = d.get("goals", [])
+    if goals:
+        md += ["| goal | value | limit | |", "|---|---|---|---|"]
+        md += [f"| {g['goal']} ({g['shape']}) | {g['value']:.2f} | {g['limit']} | {'PASS' if g['pass'] else 'FAIL'} |"
+               for g in goals] + [""]
+    return "\n".join(md + _source(path, d, d["started"][:10]))
+
+
+def pass_cost(path: str, d: dict) -> str:
+    res = d["results"]
+    ts = list(next(iter(res.values()))["ms"])
+    md = ["| tokens in the pass (T) | " + " | ".join(ts) + " |", "|---|" + "---|" * len(ts)]
+    for model, r in res.items():
+        md.append(f"| {model}, ms (x T = 1) | "
+                  + " | ".join(f"{r['ms'][t]:.1f} ({r['ratio_to_T1'][t]:.2f})" for t in ts) + " |")
+    s = d["settings"]
+    md += ["", f"One target pass over T new tokens, float32, {s['slots']}-slot cache, medians of {s['reps']} "
+           "interleaved calls."]
+    return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
+
+
+KINDS = {"pass_cost": pass_cost, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
+
+
+def _write(out: str, text: str) -> None:
+    if not os.path.exists(out) or open(out).read() != text:  # unchanged files keep Sphinx's cache
+        with open(out, "w") as f:
+            f.write(text)
+
+
+def scaleout() -> str:
+    """The per-chip cost of a verify step on TPU slices: arithmetic, ``benchmarks/scaleout_table.py``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scaleout_table", os.path.join(ROOT, "benchmarks", "scaleout_table.py"))
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod.table() + "\n"
+
+
+README_HEADLINE = "spec_bench_smollm2_drafters"
+
+
+def readme_headline() -> str:
+    """The README's one results table (median speedup and tau of every method, batch 1), with
+    its file and command; ``tests/test_docs.py`` checks that README.md holds exactly this."""
+    path = RESULTS[README_HEADLINE][0]
+    with open(os.path.join(ROOT, path)) as f:
+        d = json.load(f)
+    s = d["settings"]
+    per = d["summary"]["by_batch_size"]["1"]
+    same = all(x["identical_to_plain"] == x["questions"] for x in per.values())
+    md = [f"SmolLM2-135M-Instruct, {s['questions']} Spec-Bench questions (one per category), up to "
+          f"{s['max_new_tokens']} new tokens, greedy, batch 1, {_machine(d)}; speedup over jaxspec's plain "
+          "decoding (median over prompts)" + (", every output identical to plain decoding's:" if same else ":"), "",
+          "| method | median speedup | tau | identical to plain |", "|---|---|---|---|"]
+    md += [f"| `{name}` | {_f(x['median_speedup_vs_plain'], '.2f', 'x')} | {_f(x.get('tau'))} | "
+           f"{x['identical_to_plain']}/{x['questions']} |" for name, x in per.items()]
+    md += ["", "Method names: the drafter, then `_g` gamma, `_b` n-gram branches, `_n` tree nodes, `_k` branching, "
+           "`_l` early-exit layers.", "", f"From [`{path}`]({path}), made by `{_command(d['command'])}`."]
+    return "\n".join(md)
+
+
+def generate() -> list[str]:
+    """Write every table; returns the paths written."""
+    os.makedirs(OUT, exist_ok=True)
+    out = os.path.join(OUT, "scaleout_table.md")
+    _write(out, scaleout())
+    written = [out]
+    for name, (path, kind) in RESULTS.items():
+        with open(os.path.join(ROOT, path)) as f:
+            d = json.load(f)
+        out = os.path.join(OUT, name + ".md")
+        _write(out, KINDS[kind](path, d))
+        written.append(out)
+    return written
+
+
+def setup(app):
+    app.connect("builder-inited", lambda app: generate())
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":
+    for p in generate():
+        print(p)
