@@ -75,7 +75,7 @@ def enabled(path: str | None = None) -> bool:
             return False
         ok, info = _load(path or LIBRARY_PATH)
         if ok:
-            _state["on"] = True  # the self-check traces matmul_kn, which needs the targets only
+            _state["on"] = True  # the self-check calls matmul_kn, which asks enabled()
             failed = _self_check()
             if failed:
                 ok, info = False, f"the CPU matmul kernel failed its self-check ({failed})"
@@ -97,6 +97,8 @@ def describe() -> str:
 
 
 def _call(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    if not enabled():
+        raise RuntimeError(f"the CPU matmul kernel is off: {describe()}")
     n = w.shape[1] if kind == "kn" else w.shape[0]
     out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
     return jax.ffi.ffi_call(_TARGETS[kind], out, vmap_method="sequential")(x, w)
@@ -105,12 +107,12 @@ def _call(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
 def matmul_kn(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x [T, K] float32 @ w [K, N]`` (float32 or bfloat16) -> float32 ``[T, N]``, on CPU only;
     each output is one sequential float32 FMA chain over k, so row t is bitwise the same
-    whatever T. Raises nothing itself; an XLA error if the target is not registered."""
+    whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
     return _call("kn", x, w)
 
 
 def matmul_nk(x: jax.Array, e: jax.Array) -> jax.Array:
     """``x [T, K] float32 @ e [N, K]^T`` (float32 or bfloat16) -> float32 ``[T, N]``, on CPU
     only; 8 fixed lane sums over k, a fixed reduction tree, then the K mod 8 tail: row t is
-    bitwise the same whatever T."""
+    bitwise the same whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
     return _call("nk", x, e)
