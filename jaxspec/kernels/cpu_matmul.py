@@ -16,8 +16,10 @@ use XLA's dot.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+import threading
 import sysconfig
 import warnings
 
@@ -30,6 +32,7 @@ LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "_cpu_matmul" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 _TARGETS = {"kn": "jaxspec_cpu_matmul_kn", "nk": "jaxspec_cpu_matmul_nk"}
 _state: dict = {}
+_local = threading.local()
 
 
 def _load(path: str) -> tuple[bool, str]:
@@ -86,6 +89,24 @@ def enabled(path: str | None = None) -> bool:
         else:
             _state["isa"] = info
     return _state["on"]
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within this block, functions traced take XLA's dot (``jaxspec.models.linear`` asks
+    ``active()`` at trace time): an A/B of both paths in one process, as the benchmarks run it.
+    Programs compiled inside keep XLA's dot after the block."""
+    before = getattr(_local, "off", False)
+    _local.off = True
+    try:
+        yield
+    finally:
+        _local.off = before
+
+
+def active() -> bool:
+    """``enabled()`` and not inside ``disabled()``: whether a product traced now may take the kernel."""
+    return not getattr(_local, "off", False) and enabled()
 
 
 def describe() -> str:
