@@ -34,6 +34,12 @@ from bench_env import machine_info, versions  # noqa: E402
 WIDTHS = (1, 2, 5, 9, 17, 33, 65)
 
 
+def _switch_prefix() -> str:
+    """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set (the kernel is opt-in)."""
+    v = os.environ.get("JAXSPEC_CPU_KERNEL")
+    return "" if v is None else f"JAXSPEC_CPU_KERNEL={v} "
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2-135m,gemma3-270m")
@@ -57,7 +63,8 @@ def main(argv=None) -> int:
     from jaxspec.cache import KVCache
     from jaxspec.kernels import cpu_matmul
 
-    kernel = jax.default_backend() == "cpu" and cpu_matmul.enabled()
+    # whether the weights' dtype takes the kernel (JAXSPEC_CPU_KERNEL: auto = bfloat16 only, 1 = float32 too)
+    kernel = jax.default_backend() == "cpu" and cpu_matmul.active(jnp.dtype(args.dtype or "float32"))
     variants = {"both": ("", "/xla"), "on": ("",), "off": ("/xla",)}[args.kernel if kernel else "on"]
     load_before = os.getloadavg()
     results = {}
@@ -105,7 +112,7 @@ def main(argv=None) -> int:
 
     started = _dt.datetime.now(_dt.timezone.utc)
     stem = args.out or os.path.join(HERE, "results", f"pass_cost_{jax.default_backend()}_{started:%Y-%m-%d}")
-    record = {"command": "PYTHONPATH=. python benchmarks/bench_pass_cost.py " + " ".join(argv or sys.argv[1:]),
+    record = {"command": _switch_prefix() + "PYTHONPATH=. python benchmarks/bench_pass_cost.py " + " ".join(argv or sys.argv[1:]),
               "machine": machine_info(), "versions": versions(), "backend": jax.default_backend(),
               "settings": vars(args), "matmul": cpu_matmul.describe() if kernel else "XLA dot",
               "load_avg_before": load_before, "load_avg": os.getloadavg(), "results": results}

@@ -78,6 +78,12 @@ def _libraries(args, mats):
     return runs
 
 
+def _switch_prefix() -> str:
+    """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set (the kernel is opt-in)."""
+    v = os.environ.get("JAXSPEC_CPU_KERNEL")
+    return "" if v is None else f"JAXSPEC_CPU_KERNEL={v} "
+
+
 def main(argv=None) -> int:
     import numpy as np
 
@@ -116,7 +122,7 @@ def main(argv=None) -> int:
         print(f"{lib:>14}", "  ".join(f"T={t}: {v['ms']:.2f} ms ({v['vs_T1']:.2f}x, {v['GB_s']:.1f} GB/s)"
                                       for t, v in zip(widths, results[lib].values())))
     print(f"copy bandwidth {copy} GB/s")
-    record = {"command": "PYTHONPATH=. python benchmarks/bench_small_matmul.py " + " ".join(argv or sys.argv[1:]),
+    record = {"command": _switch_prefix() + "PYTHONPATH=. python benchmarks/bench_small_matmul.py " + " ".join(argv or sys.argv[1:]),
               "machine": machine_info(), "versions": versions(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "copy_GB_s": copy,
               "shape": {"k": args.k, "n": args.n, "matrices": len(mats)}, "reps": args.reps,

@@ -7,8 +7,16 @@ into ``jaxspec/kernels/_cpu_matmul<EXT_SUFFIX>``) and its two XLA FFI targets:
 
 The library is a plain shared object loaded with ``ctypes`` and registered with
 ``jax.ffi.register_ffi_target`` (the typed XLA FFI needs no Python binding, so no pybind or
-nanobind build dependency). ``enabled()`` loads it once, on first use: it is off when the
-environment variable ``JAXSPEC_CPU_KERNEL`` is ``0``, and when the library is missing, fails to
+nanobind build dependency). ``enabled()`` loads it once, on first use.
+
+``JAXSPEC_CPU_KERNEL`` chooses where it runs (``mode``): unset or ``auto`` (the default) for
+bfloat16 weights only, ``1`` for float32 and bfloat16 weights, ``0`` never. Measured
+(``docs/cpu_kernel.md``): with bfloat16 weights XLA:CPU's dot first widens W to float32 and
+SmolLM2-135M's 1-token pass took 4.4x longer than with the kernel; with float32 weights the
+kernel reads large matrices once for up to 16 rows, but SmolLM2's 1-token pass ran slower with
+it than with XLA's dot (many small products), so float32 stays on XLA's dot unless asked. Where it
+runs, a verify window's logits are bitwise those of 1-token passes. When asked for, it
+stays off when the library is missing, fails to
 load or register, or gives a wrong 3x5x7 product against numpy (e.g. built against another
 jaxlib), in which case it warns once (the fix: reinstall with ``pip install -e .``) and callers
 use XLA's dot.
@@ -67,13 +75,26 @@ def _self_check() -> str | None:
     return None
 
 
+def mode() -> str:
+    """``"auto"`` (``JAXSPEC_CPU_KERNEL`` unset or ``auto``: bfloat16 weights only), ``"on"``
+    (``1``: float32 and bfloat16 weights) or ``"off"`` (``0``).
+
+    Raises:
+      ValueError: any other value, naming the variable and the values it takes.
+    """
+    v = os.environ.get(ENV_SWITCH, "auto").strip().lower()
+    if v not in ("auto", "1", "0"):
+        raise ValueError(f"{ENV_SWITCH} must be auto, 1 or 0, got {v!r}")
+    return {"auto": "auto", "1": "on", "0": "off"}[v]
+
+
 def enabled(path: str | None = None) -> bool:
-    """Whether the kernel is on: switch not ``0``, library loaded, self-check passed. Decided
+    """Whether the kernel can run: switch not ``0``, library loaded, self-check passed. Decided
     once per process (``path`` overrides ``LIBRARY_PATH`` for that first decision); warns once
-    when the switch is on but the kernel cannot run."""
+    when the switch allows it but the kernel cannot run."""
     if "on" not in _state:
         _state["on"], _state["isa"] = False, None
-        if os.environ.get(ENV_SWITCH, "1").strip() == "0":
+        if mode() == "off":
             _state["why"] = f"{ENV_SWITCH}=0"
             return False
         ok, info = _load(path or LIBRARY_PATH)
@@ -104,16 +125,24 @@ def disabled():
         _local.off = before
 
 
-def active() -> bool:
-    """``enabled()`` and not inside ``disabled()``: whether a product traced now may take the kernel."""
-    return not getattr(_local, "off", False) and enabled()
+def active(weight_dtype=jnp.bfloat16) -> bool:
+    """Whether a product with ``weight_dtype`` weights traced now takes the kernel: not inside
+    ``disabled()``, ``mode()`` covers the dtype (``auto``: bfloat16 only), and ``enabled()``."""
+    if getattr(_local, "off", False):
+        return False
+    m = mode()
+    if m == "off" or (m == "auto" and jnp.dtype(weight_dtype) != jnp.dtype(jnp.bfloat16)):
+        return False
+    return enabled()
 
 
 def describe() -> str:
-    """Which path weight products take on CPU: ``"jaxspec cpu kernel (avx2)"`` (or
-    ``(portable)``), or ``"XLA dot"`` with the reason."""
+    """Which path weight products take on CPU: ``"jaxspec cpu kernel (avx2)"`` (``(portable)``;
+    with ``auto``: ``"... for bfloat16 weights, XLA dot for float32"``), or ``"XLA dot"`` with
+    the reason."""
     if enabled():
-        return f"jaxspec cpu kernel ({_state['isa']})"
+        kernel = f"jaxspec cpu kernel ({_state['isa']})"
+        return kernel if mode() == "on" else f"{kernel} for bfloat16 weights, XLA dot for float32"
     return f"XLA dot ({_state['why']})"
 
 

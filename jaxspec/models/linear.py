@@ -8,7 +8,8 @@ twice a 1-token pass and its logits were not bitwise those of 1-token passes. Th
 the weights once for any T <= 16 and sums every output in the same order whatever T.
 
 The kernel path is taken when the kernel is enabled (``cpu_matmul.enabled``: switch
-``JAXSPEC_CPU_KERNEL`` not ``0``, library built and self-checked; not inside
+``JAXSPEC_CPU_KERNEL`` unset/``auto``: bfloat16 weights only, ``1``: float32 too, ``0``: never;
+library built and self-checked; not inside
 ``cpu_matmul.disabled()``), the flattened rows
 (product of x's leading dims) are 1..``MAX_ROWS``, x is float32 or bfloat16, and w is a 2-D
 float32 or bfloat16 matrix; otherwise XLA's dot. On that path x is widened to float32, the
@@ -70,7 +71,7 @@ def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
     float32/bfloat16 operands, 1..``MAX_ROWS`` flattened rows."""
     rows = math.prod(x.shape[:-1])
     return (w.ndim == 2 and x.ndim >= 1 and 1 <= rows <= MAX_ROWS and jnp.dtype(x.dtype) in _DTYPES
-            and jnp.dtype(w.dtype) in _DTYPES and cpu_matmul.active())
+            and jnp.dtype(w.dtype) in _DTYPES and cpu_matmul.active(w.dtype))
 
 
 def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=None) -> jax.Array:
