@@ -4,11 +4,15 @@ window of T - 1 nodes), on the real models we ship: what chooses node budgets on
 Each pass is the jitted ``jaxspec.models.forward`` exactly as the engine's verify step calls
 it (tokens written at the committed length, a tree mask of the window, 512-slot cache, 200
 committed tokens), timed as the median of ``--reps`` calls after two warm-ups, with the
-passes for the different T interleaved round-robin so machine load hits them alike.
+passes for the different T interleaved round-robin so machine load hits them alike. On a CPU
+with jaxspec's small-T kernel built (``jaxspec.kernels.cpu_matmul``), each pass is also
+compiled with XLA's dot (``cpu_matmul.disabled()``) and the two are interleaved too
+(``--kernel both``, the default there): results ``<model>`` (kernel) and ``<model>/xla``.
 
 Run from the repository root::
 
     PYTHONPATH=. python benchmarks/bench_pass_cost.py [--models smollm2-135m,gemma3-270m] [--reps 15]
+        [--widths 1,2,5,9,17] [--dtype bfloat16] [--kernel both|on|off]
 
 Writes ``benchmarks/results/pass_cost_<host kind>_<date>.json`` (machine, versions, command) and prints a table.
 """
@@ -30,6 +34,12 @@ from bench_env import machine_info, versions  # noqa: E402
 WIDTHS = (1, 2, 5, 9, 17, 33, 65)
 
 
+def _switch_prefix() -> str:
+    """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set (the kernel is opt-in)."""
+    v = os.environ.get("JAXSPEC_CPU_KERNEL")
+    return "" if v is None else f"JAXSPEC_CPU_KERNEL={v} "
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2-135m,gemma3-270m")
@@ -37,7 +47,12 @@ def main(argv=None) -> int:
     ap.add_argument("--slots", type=int, default=512)
     ap.add_argument("--committed", type=int, default=200)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="comma-separated T values")
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="parameter dtype (jaxspec.load)")
+    ap.add_argument("--kernel", default="both", choices=("both", "on", "off"),
+                    help="CPU kernel, XLA's dot, or both interleaved (default; 'on' where the kernel is absent)")
     args = ap.parse_args(argv)
+    widths = tuple(int(w) for w in args.widths.split(","))
 
     import jax
     import jax.numpy as jnp
@@ -46,44 +61,61 @@ def main(argv=None) -> int:
     import jaxspec
     from jaxspec import models
     from jaxspec.cache import KVCache
+    from jaxspec.kernels import cpu_matmul
 
+    # whether the weights' dtype takes the kernel (JAXSPEC_CPU_KERNEL: auto = bfloat16 only, 1 = float32 too)
+    kernel = jax.default_backend() == "cpu" and cpu_matmul.active(jnp.dtype(args.dtype or "float32"))
+    variants = {"both": ("", "/xla"), "on": ("",), "off": ("/xla",)}[args.kernel if kernel else "on"]
+    load_before = os.getloadavg()
     results = {}
     for name in args.models.split(","):
-        model = jaxspec.load(name)
+        model = jaxspec.load(name, dtype=args.dtype)
         cfg, params = model.config, model.params
 
-        @jax.jit
-        def verify(params, tokens, positions, cache, start, visible):
+        def verify_fn(params, tokens, positions, cache, start, visible):
             mask = models.TreeMask(start, visible, positions)
             return models.forward(params, cfg, tokens, positions, cache, write_at=start, mask=mask).logits
 
+        # two function objects: jax.jit caches traces per function, and `off` must trace apart
+        on, off = jax.jit(verify_fn), jax.jit(lambda *a: verify_fn(*a))
+
+        def xla_verify(*a):  # traced (on the first call) with XLA's dot; compiled once, like `on`
+            with cpu_matmul.disabled():
+                return off(*a)
+
+        passes = {name + v: (on if v == "" else xla_verify) for v in variants}
         calls = {}
-        for t in WIDTHS:
+        for t in widths:
             tokens = jnp.asarray(np.random.default_rng(t).integers(0, cfg.vocab_size, (1, t)), jnp.int32)
             start = jnp.full((1,), args.committed, jnp.int32)
             positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
             visible = jnp.tril(jnp.ones((t, t), bool))[None]
             cache = KVCache.zeros(cfg, 1, args.slots, params["embed"].dtype)
             calls[t] = (tokens, positions, cache, start, visible)
-            for _ in range(2):
-                verify(params, *calls[t]).block_until_ready()
-        times = {t: [] for t in WIDTHS}
+            for verify in passes.values():
+                for _ in range(2):
+                    verify(params, *calls[t]).block_until_ready()
+        times = {(v, t): [] for v in passes for t in widths}
         for _ in range(args.reps):
-            for t in WIDTHS:
-                t0 = time.perf_counter()
-                verify(params, *calls[t]).block_until_ready()
-                times[t].append(time.perf_counter() - t0)
-        med = {t: statistics.median(times[t]) * 1e3 for t in WIDTHS}
-        results[name] = {"ms": med, "ratio_to_T1": {t: med[t] / med[1] for t in WIDTHS},
-                         "all_ms": {t: [x * 1e3 for x in times[t]] for t in WIDTHS}}
-        print(f"{name}: " + ", ".join(f"T={t} {med[t]:.1f} ms ({med[t] / med[1]:.2f}x)" for t in WIDTHS), flush=True)
+            for t in widths:
+                for v, verify in passes.items():
+                    t0 = time.perf_counter()
+                    verify(params, *calls[t]).block_until_ready()
+                    times[(v, t)].append(time.perf_counter() - t0)
+        for v in passes:
+            med = {t: statistics.median(times[(v, t)]) * 1e3 for t in widths}
+            one = med[widths[0]]
+            results[v] = {"ms": med, "ratio_to_T1": {t: med[t] / one for t in widths},
+                          "all_ms": {t: [x * 1e3 for x in times[(v, t)]] for t in widths}}
+            print(f"{v}: " + ", ".join(f"T={t} {med[t]:.1f} ms ({med[t] / one:.2f}x)" for t in widths), flush=True)
         del model, params
 
     started = _dt.datetime.now(_dt.timezone.utc)
     stem = args.out or os.path.join(HERE, "results", f"pass_cost_{jax.default_backend()}_{started:%Y-%m-%d}")
-    record = {"command": "PYTHONPATH=. python benchmarks/bench_pass_cost.py " + " ".join(argv or sys.argv[1:]),
+    record = {"command": _switch_prefix() + "PYTHONPATH=. python benchmarks/bench_pass_cost.py " + " ".join(argv or sys.argv[1:]),
               "machine": machine_info(), "versions": versions(), "backend": jax.default_backend(),
-              "settings": vars(args), "load_avg": os.getloadavg(), "results": results}
+              "settings": vars(args), "matmul": cpu_matmul.describe() if kernel else "XLA dot",
+              "load_avg_before": load_before, "load_avg": os.getloadavg(), "results": results}
     with open(stem + ".json", "w") as f:
         json.dump(record, f, indent=1)
     print("wrote", stem + ".json")

@@ -1,19 +1,24 @@
-"""Why a T-token verify costs more than a 1-token pass on a CPU: the cost of one
-``x [T, K] @ W [K, N]`` float32 product for T = 1, 2, 5, 9 with XLA (``jax.jit``) and with
-numpy's BLAS, at the shape of Qwen2.5-Coder-1.5B's MLP (K 1536, N 8960). Column ``jax_nk``: the
-same product with the weights stored ``[N, K]`` (PyTorch's ``nn.Linear`` layout, the one GGUF and
-safetensors files hold) and contracted on their minor axis, as ``x @ W.T``.
+"""Why a T-token verify costs more than a 1-token pass on a CPU, and what jaxspec's CPU kernel
+does about it: the cost of one ``x [T, K] @ W [K, N]`` product (float32 x) for T = 1..16 with
+XLA (``jax.jit``), with jaxspec's small-T kernel (``jaxspec.kernels.cpu_matmul``, float32 and
+bfloat16 weights) and with numpy's BLAS, at the shape of Qwen2.5-Coder-1.5B's MLP (K 1536,
+N 8960). Column ``jax_nk`` / ``kernel_nk``: the same product with the weights stored ``[N, K]``
+(PyTorch's ``nn.Linear`` layout, the one GGUF and safetensors files hold, and a tied embedding
+table) and contracted on their minor axis, as ``x @ W.T``.
 
-Four distinct matrices (220 MB) are multiplied per call so that none stays in cache, as in a
-forward pass; each figure is the median over ``--reps`` calls, per matrix, with the widths
-interleaved round-robin so that machine load hits them alike (one library after the other). A memory-bound product costs
-the same for every T (the weights are read once); the ratio to T = 1 is what to read.
+Four distinct matrices (220 MB in float32) are multiplied per call so that none stays in cache,
+as in a forward pass; each figure is the median over ``--reps`` calls, per matrix, with the
+widths interleaved round-robin so that machine load hits them alike (one library after the
+other). A memory-bound product costs the same for every T (the weights are read once); the
+ratio to T = 1 is what to read, and ``GB_s`` (weight bytes per second) against the machine's
+copy bandwidth (``copy_GB_s``: numpy copying a 256 MB array, bytes read + written per second,
+median of 5). The load average before and after is recorded: other work on the machine shows.
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/bench_small_matmul.py [--reps 40] [--out PATH]
+    PYTHONPATH=. python benchmarks/bench_small_matmul.py [--reps 40] [--widths 1,2,...] [--out PATH]
 
-Set ``XLA_FLAGS`` to try an XLA:CPU option on the jax column (the flags are recorded).
+Set ``XLA_FLAGS`` to try an XLA:CPU option on the jax columns (the flags are recorded).
 """
 
 from __future__ import annotations
@@ -33,48 +38,95 @@ from bench_env import machine_info, versions  # noqa: E402
 WIDTHS = (1, 2, 5, 9)
 
 
-def main(argv=None) -> int:
+def copy_bandwidth(mbytes: int = 256, reps: int = 5) -> float:
+    """GB/s of a numpy copy of a ``mbytes`` MB array (bytes read plus bytes written), median."""
+    import numpy as np
+
+    src = np.ones(mbytes * 2**20 // 4, np.float32)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(reps + 1):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return round(2 * src.nbytes / statistics.median(times[1:]) / 1e9, 2)
+
+
+def _libraries(args, mats):
+    """``{name: (run(x), weight bytes per matrix)}`` for the libraries measured."""
     import jax
     import jax.numpy as jnp
+
+    from jaxspec.kernels import cpu_matmul
+
+    def jitted(fn, ms):
+        f = jax.jit(lambda x, ms: [fn(x, m) for m in ms])
+        return lambda x: jax.block_until_ready(f(x, ms))
+
+    kn = [jnp.asarray(m) for m in mats]
+    nk = [jnp.asarray(m.T.copy()) for m in mats]
+    dot_nk = lambda x, m: jax.lax.dot_general(x, m, (((1,), (1,)), ((), ())))  # noqa: E731
+    runs = {"jax": (jitted(lambda x, m: x @ m, kn), 4), "jax_nk": (jitted(dot_nk, nk), 4),
+            "numpy": ((lambda x: [x @ m for m in mats]), 4)}
+    if cpu_matmul.enabled() and jax.default_backend() == "cpu":
+        kn16, nk16 = [m.astype(jnp.bfloat16) for m in kn], [m.astype(jnp.bfloat16) for m in nk]
+        runs.update({"kernel": (jitted(cpu_matmul.matmul_kn, kn), 4),
+                     "kernel_nk": (jitted(cpu_matmul.matmul_nk, nk), 4),
+                     "jax_bf16": (jitted(lambda x, m: jnp.matmul(x, m, preferred_element_type=jnp.float32), kn16), 2),
+                     "kernel_bf16": (jitted(cpu_matmul.matmul_kn, kn16), 2),
+                     "kernel_nk_bf16": (jitted(cpu_matmul.matmul_nk, nk16), 2)})
+    return runs
+
+
+def _switch_prefix() -> str:
+    """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set (the kernel is opt-in)."""
+    v = os.environ.get("JAXSPEC_CPU_KERNEL")
+    return "" if v is None else f"JAXSPEC_CPU_KERNEL={v} "
+
+
+def main(argv=None) -> int:
     import numpy as np
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k", type=int, default=1536)
     p.add_argument("--n", type=int, default=8960)
     p.add_argument("--reps", type=int, default=40)
+    p.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="comma-separated T values")
     p.add_argument("--out", default=f"benchmarks/results/small_matmul_cpu_{_dt.date.today()}.json")
     args = p.parse_args(argv)
+    widths = tuple(int(w) for w in args.widths.split(","))
+    load_before = os.getloadavg()
     rng = np.random.default_rng(0)
     mats = [rng.standard_normal((args.k, args.n), dtype=np.float32) for _ in range(4)]
-    dev = [jnp.asarray(m) for m in mats]
-    dev_nk = [jnp.asarray(np.ascontiguousarray(m.T)) for m in mats]
-    f = jax.jit(lambda x, ms: [x @ m for m in ms])
-    f_nk = jax.jit(lambda x, ms: [jax.lax.dot_general(x, m, (((1,), (1,)), ((), ()))) for m in ms])
-    runs = {"jax": lambda x: jax.block_until_ready(f(x, dev)),
-            "jax_nk": lambda x: jax.block_until_ready(f_nk(x, dev_nk)),
-            "numpy": lambda x: [x @ m for m in mats]}
-    xs = {t: np.ones((t, args.k), np.float32) for t in WIDTHS}
-    times = {(lib, t): [] for lib in runs for t in WIDTHS}
-    for lib, run in runs.items():
-        for t in WIDTHS:
+    runs = _libraries(args, mats)
+    xs = {t: np.ones((t, args.k), np.float32) for t in widths}
+    times = {(lib, t): [] for lib in runs for t in widths}
+    for lib, (run, _) in runs.items():
+        for t in widths:
             run(xs[t])  # compile / warm up
-    for lib, run in runs.items():  # one library at a time: OpenBLAS's threads spin after a call and
+    for lib, (run, _) in runs.items():  # one library at a time: OpenBLAS's threads spin after a call and
         for _ in range(args.reps):  # would slow XLA's if the two were interleaved
-            for t in WIDTHS:
+            for t in widths:
                 start = time.perf_counter()
                 run(xs[t])
                 times[(lib, t)].append((time.perf_counter() - start) / len(mats) * 1e3)
+    copy = copy_bandwidth()
     results = {}
-    for lib in runs:
-        one = statistics.median(times[(lib, 1)])
-        results[lib] = {f"T{t}": {"ms": round(statistics.median(times[(lib, t)]), 3),
-                                  "vs_T1": round(statistics.median(times[(lib, t)]) / one, 2)} for t in WIDTHS}
-        print(lib, "  ".join(f"T={t}: {v['ms']:.2f} ms ({v['vs_T1']:.2f}x)"
-                             for t, v in zip(WIDTHS, results[lib].values())))
-    record = {"command": "PYTHONPATH=. python benchmarks/bench_small_matmul.py " + " ".join(argv or sys.argv[1:]),
+    for lib, (_, itemsize) in runs.items():
+        one = statistics.median(times[(lib, widths[0])])
+        results[lib] = {}
+        for t in widths:
+            ms = statistics.median(times[(lib, t)])
+            results[lib][f"T{t}"] = {"ms": round(ms, 3), "vs_T1": round(ms / one, 2),
+                                     "GB_s": round(args.k * args.n * itemsize / ms / 1e6, 2)}
+        print(f"{lib:>14}", "  ".join(f"T={t}: {v['ms']:.2f} ms ({v['vs_T1']:.2f}x, {v['GB_s']:.1f} GB/s)"
+                                      for t, v in zip(widths, results[lib].values())))
+    print(f"copy bandwidth {copy} GB/s")
+    record = {"command": _switch_prefix() + "PYTHONPATH=. python benchmarks/bench_small_matmul.py " + " ".join(argv or sys.argv[1:]),
               "machine": machine_info(), "versions": versions(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+              "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "copy_GB_s": copy,
               "shape": {"k": args.k, "n": args.n, "matrices": len(mats)}, "reps": args.reps,
-              "unit": "ms per product, median", "results": results}
+              "unit": "ms per product, median; GB_s: weight bytes / time", "results": results}
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(record, fh, indent=1)

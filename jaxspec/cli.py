@@ -611,11 +611,22 @@ def _generate(args) -> int:
     line = (f"{name}: {len(prompts)} prompt(s), median {statistics.median(spec_tps):.1f} tok/s, "
             f"median tau {statistics.median(taus):.2f}, compile {compile_s:.1f} s")
     if args.compare:
-        line += _compare_summary(args, speedups, same, off, synthetic is not None)
+        line += _compare_summary(args, speedups, same, off, synthetic is not None) + f"; matmul: {_matmul_path()}"
     if synthetic is not None:
         line = f"[bold red]SYNTHETIC ACCEPTANCE (not the model's output)[/bold red] {line}"
     console.print(line, soft_wrap=True)
     return 0 if (not args.compare or args.temperature != 0 or synthetic is not None or all(same)) else 1
+
+
+def _matmul_path() -> str:
+    """Which path the weight products took, for ``--compare``'s line: on a CPU backend
+    ``jaxspec cpu kernel (avx2)`` (or ``(portable)``) or ``XLA dot (why)``
+    (``jaxspec.kernels.cpu_matmul``, switch ``JAXSPEC_CPU_KERNEL=0``); elsewhere ``XLA dot``."""
+    import jax
+
+    from jaxspec.kernels import cpu_matmul
+
+    return cpu_matmul.describe() if jax.default_backend() == "cpu" else "XLA dot"
 
 
 def _compare_summary(args, speedups: list[float], same: list[bool], off: int, synthetic: bool) -> str:

@@ -23,7 +23,7 @@ def test_json_compare_prompts_file(tmp_path, capsys):
         assert 1 <= len(r["tokens"]) <= 12 and isinstance(r["text"], str)
         assert r["compare"]["identical"] is True
         assert r["metrics"]["target_forwards"] >= 1 and r["metrics"]["gamma"] == 3
-    assert "median speedup" in err and "outputs identical: 2/2" in err
+    assert "median speedup" in err and "outputs identical: 2/2" in err and "; matmul: " in err
 
 
 @pytest.mark.slow  # ~2 min on 2 cores
@@ -267,6 +267,18 @@ def test_compare_when_the_batch_policy_turned_speculation_off():
     assert summary.endswith("outputs identical: 2/2 (tokens, text)")
     some = cli._compare_summary(args, [1.5], [True, True], 1, False)
     assert "median speedup 1.50x vs plain over the 1 prompt(s) that speculated" in some
+
+
+def test_compare_names_the_matmul_path(monkeypatch):
+    """``--compare``'s line names the weight products' path: the CPU kernel, or XLA's dot with
+    the reason (here the switch)."""
+    from jaxspec.kernels import cpu_matmul
+
+    if cpu_matmul.enabled():
+        assert cli._matmul_path().startswith("jaxspec cpu kernel (")
+    monkeypatch.setattr(cpu_matmul, "_state", {})
+    monkeypatch.setenv("JAXSPEC_CPU_KERNEL", "0")
+    assert cli._matmul_path() == "XLA dot (JAXSPEC_CPU_KERNEL=0)"
 
 
 def test_compare_names_what_it_compared():

@@ -31,6 +31,7 @@ import numpy as np
 from jaxspec import models
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import Capabilities, check_int
+from jaxspec.models.linear import linear
 from jaxspec.tree import Proposal
 
 
@@ -56,10 +57,10 @@ def head_logits(params: dict, config: ModelConfig, hidden: jax.Array, i: int) ->
     over the target's vocabulary, or ``[..., Vd]`` over the draft vocabulary when ``params``
     holds ``"rows"`` (``output_rows``), soft-capped like the target's."""
     head = params["heads"][i]
-    h = hidden + jax.nn.silu(hidden @ head["w"] + head["b"])
+    h = hidden + jax.nn.silu(linear(hidden, head["w"]) + head["b"])
     if "rows" not in params:
         return models.logits_from_hidden(params["out"], config, h)
-    out = jnp.einsum("...d,vd->...v", h, params["rows"], preferred_element_type=jnp.float32)
+    out = linear(h, params["rows"], transposed=True, out_dtype=jnp.float32)
     return config.final_softcap * jnp.tanh(out / config.final_softcap) if config.final_softcap else out
 
 

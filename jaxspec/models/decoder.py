@@ -54,6 +54,7 @@ import numpy as np
 from jaxspec.cache import KVCache, write
 from jaxspec.config import ModelConfig
 from jaxspec.models import rope
+from jaxspec.models.linear import linear
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
@@ -179,7 +180,7 @@ def self_attention(layer: dict, i: int, y, positions, write_at, k_cache, v_cache
     ``[B, T, T]``), and ``(out, k_new, v_new)`` come back, ``[B, T, K, h]`` each."""
     b, t, _ = y.shape
     hd, eps, off = config.head_dim, config.norm_eps, config.norm_offset
-    q, k, v = y @ layer["wq"], y @ layer["wk"], y @ layer["wv"]
+    q, k, v = linear(y, layer["wq"]), linear(y, layer["wk"]), linear(y, layer["wv"])
     if config.attn_bias:
         q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
     q = q.reshape(b, t, config.n_heads, hd)
@@ -194,11 +195,11 @@ def self_attention(layer: dict, i: int, y, positions, write_at, k_cache, v_cache
         seen, seen_new = seen
         n = seen.shape[-1]
         y = attention(q, k_cache[:, :n], v_cache[:, :n], seen, scale=config.attn_scale, extra=(k, v, seen_new))
-        return _all_reduce(y @ layer["wo"], config), k, v
+        return _all_reduce(linear(y, layer["wo"]), config), k, v
     k_cache = write(k_cache, k, write_at)
     v_cache = write(v_cache, v, write_at)
     n = seen.shape[-1]
-    y = attention(q, k_cache[:, :n], v_cache[:, :n], seen, scale=config.attn_scale) @ layer["wo"]
+    y = linear(attention(q, k_cache[:, :n], v_cache[:, :n], seen, scale=config.attn_scale), layer["wo"])
     return _all_reduce(y, config), k_cache, v_cache
 
 
@@ -207,7 +208,7 @@ def mlp_residual(layer: dict, x, config: ModelConfig):
     eps, off = config.norm_eps, config.norm_offset
     y = rms_norm(x, layer["mlp_norm"], eps, off)
     act = jax.nn.silu if config.activation == "silu" else functools.partial(jax.nn.gelu, approximate=True)
-    y = _all_reduce((act(y @ layer["w_gate"]) * (y @ layer["w_up"])) @ layer["w_down"], config)
+    y = _all_reduce(linear(act(linear(y, layer["w_gate"])) * linear(y, layer["w_up"]), layer["w_down"]), config)
     if config.sandwich_norms:
         y = rms_norm(y, layer["post_mlp_norm"], eps, off)
     return x + y
@@ -329,14 +330,15 @@ def logits_from_hidden(params: dict, config: ModelConfig, hidden: jax.Array) -> 
     """Output head: float32 logits ``[..., V]`` from final hidden states ``[..., D]``, soft-capped
     (``cap * tanh(logits / cap)``) when ``config.final_softcap`` > 0.
 
-    Under tensor parallelism each shard computes its vocabulary slice and the slices are
+    The products go through ``jaxspec.models.linear`` (on CPU the small-T kernel, whose sums
+    do not depend on the number of rows). Under tensor parallelism each shard computes its vocabulary slice and the slices are
     gathered over ``config.tp_axis``, so every shard returns the full ``[..., V]`` (sampling
     and acceptance then run unchanged; why gathering: ``jaxspec.sharding``).
     """
     if config.tie_embeddings:
-        out = jnp.einsum("...d,vd->...v", hidden, params["embed"], preferred_element_type=jnp.float32)
+        out = linear(hidden, params["embed"], transposed=True, out_dtype=jnp.float32)
     else:
-        out = jnp.einsum("...d,dv->...v", hidden, params["lm_head"], preferred_element_type=jnp.float32)
+        out = linear(hidden, params["lm_head"], out_dtype=jnp.float32)
     if config.final_softcap:
         out = config.final_softcap * jnp.tanh(out / config.final_softcap)
     if config.tp_axis:

@@ -38,6 +38,7 @@ import numpy as np
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.models import decoder
+from jaxspec.models.linear import linear
 
 
 def default_capture(n_layers: int) -> tuple[int, int, int]:
@@ -123,7 +124,7 @@ def init_params(config: EagleConfig, key: jax.Array, dtype=jnp.float32, scale: f
 def fuse(params: dict, captured: tuple) -> jax.Array:
     """The fused feature ``[..., D]``: ``concat(low, mid, high) @ fc`` of the three captured
     target layers (each ``[..., D]``)."""
-    return jnp.concatenate(captured, axis=-1) @ params["fc"]
+    return linear(jnp.concatenate(captured, axis=-1), params["fc"])
 
 
 def empty_cache(config: EagleConfig, batch: int, slots: int, dtype) -> KVCache:
@@ -174,7 +175,7 @@ def head_logits(params: dict, config: EagleConfig, hidden: jax.Array) -> jax.Arr
     """The head's draft-vocabulary logits, float32 ``[..., Vd]``, of its hidden states
     ``[..., D]`` (``HeadOutput.hidden``): final norm, then its output head."""
     h = decoder.rms_norm(hidden, params["norm"], config.layer.norm_eps)
-    return jnp.einsum("...d,dv->...v", h, params["lm_head"], preferred_element_type=jnp.float32)
+    return linear(h, params["lm_head"], out_dtype=jnp.float32)
 
 
 def target_logits(logits: jax.Array, d2t: jax.Array, vocab_size: int) -> jax.Array:

@@ -1,0 +1,168 @@
+"""Loader of the CPU small-T matmul kernel (``cpu_matmul.cc``, built by ``pip install -e .``
+into ``jaxspec/kernels/_cpu_matmul<EXT_SUFFIX>``) and its two XLA FFI targets:
+
+* ``matmul_kn(x, w)``: ``x [T, K] float32 @ w [K, N]`` (float32 or bfloat16) -> ``[T, N]`` float32;
+* ``matmul_nk(x, e)``: ``x [T, K] float32 @ e [N, K]^T`` -> ``[T, N]`` float32 (a tied
+  embedding table as the output head).
+
+The library is a plain shared object loaded with ``ctypes`` and registered with
+``jax.ffi.register_ffi_target`` (the typed XLA FFI needs no Python binding, so no pybind or
+nanobind build dependency). ``enabled()`` loads it once, on first use.
+
+``JAXSPEC_CPU_KERNEL`` chooses where it runs (``mode``): unset or ``auto`` (the default) for
+bfloat16 weights only, ``1`` for float32 and bfloat16 weights, ``0`` never. Measured
+(``docs/cpu_kernel.md``): with bfloat16 weights XLA:CPU's dot first widens W to float32 and
+SmolLM2-135M's 1-token pass took 4.4x longer than with the kernel; with float32 weights the
+kernel reads large matrices once for up to 16 rows, but SmolLM2's 1-token pass ran slower with
+it than with XLA's dot (many small products), so float32 stays on XLA's dot unless asked. Where it
+runs, a verify window's logits are bitwise those of 1-token passes. When asked for, it
+stays off when the library is missing, fails to
+load or register, or gives a wrong 3x5x7 product against numpy (e.g. built against another
+jaxlib), in which case it warns once (the fix: reinstall with ``pip install -e .``) and callers
+use XLA's dot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+import sysconfig
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ENV_SWITCH = "JAXSPEC_CPU_KERNEL"
+LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "_cpu_matmul" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+_TARGETS = {"kn": "jaxspec_cpu_matmul_kn", "nk": "jaxspec_cpu_matmul_nk"}
+_state: dict = {}
+_local = threading.local()
+
+
+def _load(path: str) -> tuple[bool, str]:
+    """Load and register the library at ``path``; ``(True, isa)`` or ``(False, reason)``."""
+    if not os.path.exists(path):
+        return False, f"the CPU matmul kernel is not built ({path} is missing)"
+    try:
+        lib = ctypes.CDLL(path)
+        for name, symbol in (("kn", lib.JaxspecMatmulKN), ("nk", lib.JaxspecMatmulNK)):
+            jax.ffi.register_ffi_target(_TARGETS[name], jax.ffi.pycapsule(symbol), platform="cpu")
+        isa = "avx2" if lib.jaxspec_matmul_isa() else "portable"
+    except (OSError, AttributeError, RuntimeError, ValueError, TypeError) as exc:
+        return False, f"the CPU matmul kernel failed to load ({type(exc).__name__}: {exc})"
+    return True, isa
+
+
+def _self_check() -> str | None:
+    """A 3x5x7 product of each target against numpy, on the CPU device; None or what failed."""
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((3, 5), np.float32), rng.standard_normal((5, 7), np.float32)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    try:
+        cpu = jax.devices("cpu")[0]
+        with jax.ensure_compile_time_eval(), jax.default_device(cpu):
+            got_kn = np.asarray(jax.jit(matmul_kn)(jnp.asarray(x), jnp.asarray(w)))
+            got_nk = np.asarray(jax.jit(matmul_nk)(jnp.asarray(x), jnp.asarray(np.ascontiguousarray(w.T))))
+    except Exception as exc:  # noqa: BLE001 - any failure here means: use XLA's dot
+        return f"{type(exc).__name__}: {exc}"
+    for name, got in (("kn", got_kn), ("nk", got_nk)):
+        if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-5):
+            return f"the {name} product differs from numpy's"
+    return None
+
+
+def mode() -> str:
+    """``"auto"`` (``JAXSPEC_CPU_KERNEL`` unset or ``auto``: bfloat16 weights only), ``"on"``
+    (``1``: float32 and bfloat16 weights) or ``"off"`` (``0``).
+
+    Raises:
+      ValueError: any other value, naming the variable and the values it takes.
+    """
+    v = os.environ.get(ENV_SWITCH, "auto").strip().lower()
+    if v not in ("auto", "1", "0"):
+        raise ValueError(f"{ENV_SWITCH} must be auto, 1 or 0, got {v!r}")
+    return {"auto": "auto", "1": "on", "0": "off"}[v]
+
+
+def enabled(path: str | None = None) -> bool:
+    """Whether the kernel can run: switch not ``0``, library loaded, self-check passed. Decided
+    once per process (``path`` overrides ``LIBRARY_PATH`` for that first decision); warns once
+    when the switch allows it but the kernel cannot run."""
+    if "on" not in _state:
+        _state["on"], _state["isa"] = False, None
+        if mode() == "off":
+            _state["why"] = f"{ENV_SWITCH}=0"
+            return False
+        ok, info = _load(path or LIBRARY_PATH)
+        if ok:
+            _state["on"] = True  # the self-check calls matmul_kn, which asks enabled()
+            failed = _self_check()
+            if failed:
+                ok, info = False, f"the CPU matmul kernel failed its self-check ({failed})"
+        if not ok:
+            _state["on"], _state["why"] = False, info
+            warnings.warn(f"{info}; using XLA's dot on CPU. Reinstall with `pip install -e .` to build it.",
+                          RuntimeWarning, stacklevel=2)
+        else:
+            _state["isa"] = info
+    return _state["on"]
+
+
+@contextlib.contextmanager
+def disabled():
+    """Within this block, functions traced take XLA's dot (``jaxspec.models.linear`` asks
+    ``active()`` at trace time): an A/B of both paths in one process, as the benchmarks run it.
+    Programs compiled inside keep XLA's dot after the block."""
+    before = getattr(_local, "off", False)
+    _local.off = True
+    try:
+        yield
+    finally:
+        _local.off = before
+
+
+def active(weight_dtype=jnp.bfloat16) -> bool:
+    """Whether a product with ``weight_dtype`` weights traced now takes the kernel: not inside
+    ``disabled()``, ``mode()`` covers the dtype (``auto``: bfloat16 only), and ``enabled()``."""
+    if getattr(_local, "off", False):
+        return False
+    m = mode()
+    if m == "off" or (m == "auto" and jnp.dtype(weight_dtype) != jnp.dtype(jnp.bfloat16)):
+        return False
+    return enabled()
+
+
+def describe() -> str:
+    """Which path weight products take on CPU: ``"jaxspec cpu kernel (avx2)"`` (``(portable)``;
+    with ``auto``: ``"... for bfloat16 weights, XLA dot for float32"``), or ``"XLA dot"`` with
+    the reason."""
+    if enabled():
+        kernel = f"jaxspec cpu kernel ({_state['isa']})"
+        return kernel if mode() == "on" else f"{kernel} for bfloat16 weights, XLA dot for float32"
+    return f"XLA dot ({_state['why']})"
+
+
+def _call(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
+    if not enabled():
+        raise RuntimeError(f"the CPU matmul kernel is off: {describe()}")
+    n = w.shape[1] if kind == "kn" else w.shape[0]
+    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
+    return jax.ffi.ffi_call(_TARGETS[kind], out, vmap_method="sequential")(x, w)
+
+
+def matmul_kn(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x [T, K] float32 @ w [K, N]`` (float32 or bfloat16) -> float32 ``[T, N]``, on CPU only;
+    each output is one sequential float32 FMA chain over k, so row t is bitwise the same
+    whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
+    return _call("kn", x, w)
+
+
+def matmul_nk(x: jax.Array, e: jax.Array) -> jax.Array:
+    """``x [T, K] float32 @ e [N, K]^T`` (float32 or bfloat16) -> float32 ``[T, N]``, on CPU
+    only; 8 fixed lane sums over k, a fixed reduction tree, then the K mod 8 tail: row t is
+    bitwise the same whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
+    return _call("nk", x, e)

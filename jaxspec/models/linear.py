@@ -1,0 +1,100 @@
+"""The one place that decides how a weight product runs: ``linear(x, w)`` is ``x @ w``, on
+CPU through jaxspec's small-T kernel (``jaxspec.kernels.cpu_matmul``, ``docs/cpu_kernel.md``)
+when it applies, elsewhere (TPU, GPU) XLA's dot unchanged.
+
+Why: on XLA:CPU a 1-row product goes to a GEMV and a 2+-row one to a different GEMM fusion that
+reads weights about half as fast and rounds differently, so a T-token verify pass cost about
+twice a 1-token pass and its logits were not bitwise those of 1-token passes. The kernel reads
+the weights once for any T <= 16 and sums every output in the same order whatever T.
+
+The kernel path is taken when the kernel is enabled (``cpu_matmul.enabled``: switch
+``JAXSPEC_CPU_KERNEL`` unset/``auto``: bfloat16 weights only, ``1``: float32 too, ``0``: never;
+library built and self-checked; not inside
+``cpu_matmul.disabled()``), the flattened rows
+(product of x's leading dims) are 1..``MAX_ROWS``, x is float32 or bfloat16, and w is a 2-D
+float32 or bfloat16 matrix; otherwise XLA's dot. On that path x is widened to float32, the
+sums are float32, and the result is rounded once to the output dtype (float32 for float32
+activations; bfloat16 for a bfloat16 model's bfloat16 activations), the same for a 1-token and
+a T-token pass. Gradients: a ``jax.custom_vjp`` whose backward pass is plain dots.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.kernels import cpu_matmul
+
+MAX_ROWS = 16
+_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
+def _xla(x, w, transposed, out_dtype):
+    spec = "...k,nk->...n" if transposed else "...k,kn->...n"
+    return jnp.einsum(spec, x, w, preferred_element_type=out_dtype).astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _product(x, w, transposed, out_dtype):
+    def cpu(x, w):
+        x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+        y = (cpu_matmul.matmul_nk if transposed else cpu_matmul.matmul_kn)(x2, w)
+        return y.reshape(*x.shape[:-1], y.shape[-1]).astype(out_dtype)
+
+    return jax.lax.platform_dependent(x, w, cpu=cpu, default=lambda x, w: _xla(x, w, transposed, out_dtype))
+
+
+def _product_fwd(x, w, transposed, out_dtype):
+    return _product(x, w, transposed, out_dtype), (x, w)
+
+
+def _product_bwd(transposed, out_dtype, res, g):
+    x, w = res
+    g = g.astype(jnp.promote_types(x.dtype, w.dtype))
+    if transposed:  # y = x @ w.T, w [N, K]
+        dx = jnp.einsum("...n,nk->...k", g, w.astype(g.dtype))
+        dw = jnp.einsum("...n,...k->nk", g, x.astype(g.dtype))
+    else:  # y = x @ w, w [K, N]
+        dx = jnp.einsum("...n,kn->...k", g, w.astype(g.dtype))
+        dw = jnp.einsum("...k,...n->kn", x.astype(g.dtype), g)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_product.defvjp(_product_fwd, _product_bwd)
+
+
+def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
+    """Whether ``linear(x, w)`` may take the CPU kernel (on a CPU device): enabled, 2-D w,
+    float32/bfloat16 operands, 1..``MAX_ROWS`` flattened rows."""
+    rows = math.prod(x.shape[:-1])
+    return (w.ndim == 2 and x.ndim >= 1 and 1 <= rows <= MAX_ROWS and jnp.dtype(x.dtype) in _DTYPES
+            and jnp.dtype(w.dtype) in _DTYPES and cpu_matmul.active(w.dtype))
+
+
+def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=None) -> jax.Array:
+    """``x @ w``: ``x [..., K]`` by ``w [K, N]`` (jaxspec's ``[in, out]`` params layout), or with
+    ``transposed`` by ``w [N, K]`` (``x @ w.T``: a tied embedding table as the output head).
+
+    Args:
+      x: ``[..., K]`` activations, any float dtype.
+      w: ``[K, N]`` (or ``[N, K]`` with ``transposed``) weights.
+      transposed: contract w's minor axis instead of its major one.
+      out_dtype: the result dtype (default: ``jnp.result_type(x, w)``), also the dot's
+        accumulation type on the XLA path (``preferred_element_type``).
+
+    Returns:
+      ``[..., N]`` of ``out_dtype``. On CPU with the kernel (see the module docstring) the sums
+      are float32 in a fixed order per output, so each row is bitwise the same whatever the
+      number of rows; elsewhere exactly ``jnp.einsum(..., preferred_element_type=out_dtype)``.
+
+    Raises:
+      TypeError / ValueError: from ``jnp.einsum`` when the shapes do not chain.
+    """
+    out_dtype = jnp.dtype(out_dtype or jnp.result_type(x, w))
+    k_axis = 1 if transposed else 0
+    if w.ndim != 2 or x.shape[-1] != w.shape[k_axis] or not kernel_applies(x, w):
+        return _xla(x, w, transposed, out_dtype)
+    return _product(x, w, transposed, out_dtype)
