@@ -1,7 +1,7 @@
-"""Put a packaged model on a lent accelerator machine, which takes at most 64 MiB per call of
-the device tool, the working tree included (README.md of the tool library): the model's GGUF
+"""Put a packaged model on an offline accelerator host that accepts at most 64 MiB per transfer,
+the working tree included (``LIMIT_MIB``): the model's GGUF
 is split into parts under ``.devcarry/`` (git-ignored), successive calls carry one part each
-onto the machine while it stays warm (an ignored path a call carried stays there for the next
+onto the host, which keeps them between transfers (an ignored path carried once stays there for the next
 call), and the last call joins them and runs the benchmark (``benchmarks/device_smollm2.sh``).
 
 Here, from the repository root::
@@ -9,7 +9,7 @@ Here, from the repository root::
     PYTHONPATH=. python benchmarks/device_carry.py prepare     # parts, gguf wheel; prints the calls
 
 prints, as JSON, the calls to make in order: ``carry`` (the paths) and ``command``. Make them
-back to back: the machine goes back after 30 s idle, and with it the parts already carried
+back to back: a host released between transfers loses the parts already carried
 (the last command then says which parts are missing). There (the last call runs it)::
 
     python3 benchmarks/device_carry.py assemble --site /tmp/site   # join, check sha256, place
@@ -31,7 +31,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARRY = ".devcarry"
-LIMIT_MIB = 64  # the device tool's limit per call: working tree + carried paths
+LIMIT_MIB = 64  # the host's limit per transfer: working tree + carried paths
 
 
 def tree_bytes() -> int:
@@ -117,11 +117,11 @@ def assemble(model_name: str, site: str, carry: str = os.path.join(ROOT, CARRY))
     if indices != [f"{i:03d}" for i in range(len(parts))]:
         raise SystemExit(f"error: the parts of {model_name} here are {[os.path.basename(p) for p in parts]}, not "
                          f"{model_name}.part000 .. part{len(parts) - 1:03d} in sequence (a call's part went back "
-                         "with an idle machine?)")
+                         "with a released host?)")
     have = sum(os.path.getsize(p) for p in parts)
     if have != chunk.size:
         raise SystemExit(f"error: {len(parts)} part(s) of {model_name} here hold {have} bytes, expected {chunk.size}: "
-                         f"{[os.path.basename(p) for p in parts]} (a call's part went back with an idle machine?)")
+                         f"{[os.path.basename(p) for p in parts]} (a call's part went with a released host?)")
     dest = os.path.join(site, chunk.module, chunk.path)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with open(dest, "wb") as out:

@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
-# The checks to run, as ONE call, whenever an accelerator is lent (see the README's
-# "Accelerator benchmark" section): versions, greedy speculative == plain in bfloat16, also
+# The checks to run, as one command, on an accelerator host (docs/benchmarks.md, "Accelerator"): versions, greedy speculative == plain in bfloat16, also
 # with every target pass padded to >= 2 tokens (jaxspec.engine.MIN_PASS_TOKENS: does plain then
 # run the verify window's kernels?) (benchmarks/greedy_exactness.py on its 4-layer d-1024 shape;
 # tiny shapes are the CPU suite's), and benchmarks/accelerator.py for each Llama shape (its
 # e2e part times plain decoding unpadded and padded to 2 tokens). The float32 exactness part of
 # 2026-12-04 (every row identical) gave its time to the padded check.
 # Each part has its own time limit, so one that fails or runs long leaves the others' results.
-# Writes JSON and a log under $OUT (the device tool's output folder; /tmp/device_checks here).
+# Writes JSON and a log under $OUT (default /tmp/device_checks).
 #
 #   bash benchmarks/device_checks.sh        # from the repository root; ~7-9 minutes on an H200 (2026-12-04: 409 s before --hlo-summary); part limits sum to 580 s
 set -u -o pipefail

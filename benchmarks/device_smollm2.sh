@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SmolLM2-135M on a lent accelerator: Spec-Bench (one question per category + the code
+# SmolLM2-135M on an accelerator host: Spec-Bench (one question per category + the code
 # rewrite, 128 new tokens, greedy, batch 1, every call timed twice) for plain decoding and
 # every drafter that ships for it, in the device's default dtype (bfloat16): speedups, tau,
 # and output identity with plain decoding on a real model. The model reaches the machine in
