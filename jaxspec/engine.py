@@ -400,7 +400,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
 # SmolLM2-135M's plain decoding padded to 2 tokens ran at 0.72x the unpadded tok/s (13
 # Spec-Bench questions, identical tokens; benchmarks/results/padded_plain_cpu_2026-12-05.json).
 # Empty until a padded plain step is measured faster in the loop on some backend
-# (``benchmarks/accelerator.py``'s e2e part, ``benchmarks/padded_plain.py``): 1 everywhere.
+# (``benchmarks/accelerator.py``'s e2e part, ``benchmarks/experiments/padded_plain.py``): 1 everywhere.
 MIN_PASS_TOKENS: dict[str, int] = {}
 
 

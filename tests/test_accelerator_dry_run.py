@@ -29,7 +29,7 @@ def test_dry_run_json(tmp_path, capsys, bench_module, forward_widths):
     printed = capsys.readouterr().out
     rec = json.loads(path.read_text())
 
-    assert rec["dry_run"] is True and rec["command"].startswith("PYTHONPATH=. python benchmarks/accelerator.py --dry-run")
+    assert rec["dry_run"] is True and rec["command"].startswith("python -m benchmarks.accelerator --dry-run")
     assert rec["machine"]["device_kind"] and rec["machine"]["backend"] == "cpu"
     assert rec["versions"]["jax"] and rec["versions"]["torch"] and rec["versions"]["transformers"]
     assert rec["copy_bandwidth"]["bytes_per_s"] > 0

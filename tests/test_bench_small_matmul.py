@@ -2,13 +2,9 @@
 writes its record: command, machine, versions and a median per library and width."""
 
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import bench_small_matmul  # noqa: E402
-
-from jaxspec.kernels import cpu_matmul  # noqa: E402
+from benchmarks import bench_small_matmul
+from jaxspec.kernels import cpu_matmul
 
 
 def test_small_matmul_writes_its_record(tmp_path):

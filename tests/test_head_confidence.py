@@ -1,4 +1,4 @@
-"""benchmarks/head_confidence.py (issue 11's diagnosis of the EAGLE head's acceptance): its bins
+"""benchmarks/experiments/head_confidence.py (issue 11's diagnosis of the EAGLE head's acceptance): its bins
 add up, and a "trained" set holds only rows the head trained on. That it scores the drafts the
 engine makes: tests/test_eagle.py (it needs a trained head)."""
 
@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def head_confidence(bench_module):
-    return bench_module("head_confidence")
+    return bench_module("experiments.head_confidence")
 
 
 def test_summarize_bins(head_confidence):

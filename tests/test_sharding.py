@@ -304,11 +304,10 @@ def test_cli_mesh_flag_and_launch_errors():
 
 
 def test_scaleout_table_arithmetic():
-    """docs/scale_out.md's worked example (Llama-3-8B on v5e-8) from ``benchmarks/scaleout_table.py``:
+    """docs/scale_out.md's worked example (Llama-3-8B on v5e-8) from ``benchmarks/experiments/scaleout_table.py``:
     7.50 B params read per step / 8 chips x 2 bytes + 32 x 2 x 2048 x 128 x 2 bytes of KV,
     at 819 GB/s; Llama-3-70B in bfloat16 does not fit v5e-8's 16 GiB per chip but fits v6e-8."""
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
-    import scaleout_table as t
+    from benchmarks.experiments import scaleout_table as t
 
     l8, l70 = t.MODELS
     v5e, v5p, v6e = t.CHIPS

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
 import jaxspec.api
 import jaxspec.engine
+from benchmarks import spec_bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import spec_bench  # noqa: E402
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -90,7 +88,7 @@ def test_spec_bench_end_to_end(tmp_path):
     assert res["machine"]["cores"] >= 1 and res["machine"]["cpu_model"] is not None
     for pkg in ("jax", "torch", "transformers", "jaxspec_git"):
         assert res["versions"][pkg], pkg
-    assert "--batch-sizes 1,2" in res["command"] and "spec_bench.py" in res["command"]
+    assert "--batch-sizes 1,2" in res["command"] and "-m benchmarks.spec_bench " in res["command"]
     assert res["summary"]["greedy"] is True
     by_b = res["summary"]["by_batch_size"]
     assert set(by_b) == {"1", "2"}
@@ -182,10 +180,10 @@ def test_drafters_of_method_names():
 
 
 def test_padded_plain_compares_and_records(tmp_path, bench_module, forward_widths):
-    """``benchmarks/padded_plain.py`` on the tiny GGUF target: both settings run (plain steps
+    """``benchmarks/experiments/padded_plain.py`` on the tiny GGUF target: both settings run (plain steps
     of 1 and of 2 tokens), the padded tokens equal the unpadded ones (greedy, float32 CPU), and
     the JSON records each question."""
-    padded_plain = bench_module("padded_plain")
+    padded_plain = bench_module("experiments.padded_plain")
     target, _ = write_pair(str(tmp_path))
     questions = tmp_path / "question.jsonl"
     questions.write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) + "\n"
@@ -197,6 +195,6 @@ def test_padded_plain_compares_and_records(tmp_path, bench_module, forward_width
     assert [r["category"] for r in res["rows"]] == ["writing", "translation"]  # the first of each category
     assert res["summary"]["2"]["identical_to_unpadded"] == 2 and set(res["summary"]) == {"1", "2"}
     assert all(r["tokens_per_s"]["1"] > 0 and r["tokens_per_s"]["2"] > 0 for r in res["rows"])
-    assert "padded_plain.py" in res["command"] and res["machine"]["backend"] == "cpu"
+    assert "-m benchmarks.experiments.padded_plain " in res["command"] and res["machine"]["backend"] == "cpu"
     assert jaxspec.engine.min_pass_tokens() == 1  # the setting held for the script's calls only
     assert {1, 2} <= set(forward_widths)

@@ -38,10 +38,18 @@ def _f(x, spec=".2f", suffix=""):
 
 
 def _command(cmd: str) -> str:
-    """The command as a reader would type it (the interpreter's absolute path dropped)."""
-    words = cmd.split()
+    """The command as a reader would type it from the repository root (the interpreter's
+    absolute path dropped). Runs recorded before ``benchmarks`` became a package name the
+    script (``PYTHONPATH=. python benchmarks/spec_bench.py``): the same run is now
+    ``python -m benchmarks.spec_bench`` (``benchmarks.experiments.<name>`` for a script moved there)."""
+    words = [w for w in cmd.split() if w != "PYTHONPATH=."]
     if words and words[0].endswith(("python", "python3")) and "/" in words[0]:
-        words = ["PYTHONPATH=.", "python"] + words[1:]
+        words[0] = "python"
+    if len(words) > 1 and words[0] in ("python", "python3"):
+        m = re.fullmatch(r"benchmarks/(?:experiments/)?(\w+)\.py", words[1])
+        if m:
+            sub = "experiments." if os.path.isfile(os.path.join(ROOT, "benchmarks", "experiments", m[1] + ".py")) else ""
+            words[1:2] = ["-m", f"benchmarks.{sub}{m[1]}"]
     if "--out" in words:  # where that run wrote its file; the default is benchmarks/results/
         i = words.index("--out")
         del words[i:i + 2]
@@ -143,10 +151,10 @@ def _write(out: str, text: str) -> None:
 
 
 def scaleout() -> str:
-    """The per-chip cost of a verify step on TPU slices: arithmetic, ``benchmarks/scaleout_table.py``."""
+    """The per-chip cost of a verify step on TPU slices: arithmetic, ``benchmarks/experiments/scaleout_table.py``."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("scaleout_table", os.path.join(ROOT, "benchmarks", "scaleout_table.py"))
+    spec = importlib.util.spec_from_file_location("scaleout_table", os.path.join(ROOT, "benchmarks", "experiments", "scaleout_table.py"))
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)

@@ -20,8 +20,8 @@ long prompts, so it ranks policies (on questions apart from the evaluation subse
 ``benchmarks/spec_bench.py`` measures the chosen one. Example (the run that chose
 ``short_gamma=4, long_match=16``):
 
-    PYTHONPATH=. python benchmarks/ngram_replay.py --record /tmp/tune.json --skip-first 2 --per-category 5
-    PYTHONPATH=. python benchmarks/ngram_replay.py --replay /tmp/tune.json
+    python -m benchmarks.experiments.ngram_replay --record /tmp/tune.json --skip-first 2 --per-category 5
+    python -m benchmarks.experiments.ngram_replay --replay /tmp/tune.json
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PASS_COST = os.path.join(HERE, "results", "pass_cost_cpu_2026-12-01.json")
+PASS_COST = os.path.join(os.path.dirname(HERE), "results", "pass_cost_cpu_2026-12-01.json")
 POLICIES = ("g4", "g8", "g4_b2", "g16_s4", "g16_s3", "g16_s5", "g16_s4_m8", "g16_s4_m12", "g16_s4_m24", "g8_s4",
             "g24_s4", "g32_s4", "g16_s4_b2_n2", "g16_s4_b2", "g16_s3_b2", "g16_s2_b2")
 
@@ -108,9 +108,8 @@ def replay(prompt: list[int], output: list[int], policy: dict, cost, overhead: f
 def record(path: str, per_category: int, skip_first: int, max_new_tokens: int, model_name: str) -> None:
     """Greedy answers (jaxspec plain decoding) to Spec-Bench questions ``skip_first`` ..
     ``per_category - 1`` of each category, plus the code rewrite when ``skip_first`` is 0."""
-    sys.path.insert(0, HERE)
     import jaxspec
-    from spec_bench import QUESTIONS, load_questions
+    from benchmarks.spec_bench import QUESTIONS, load_questions
 
     skip = {q["id"] for q in load_questions(QUESTIONS, skip_first)} if skip_first else set()
     questions = [q for q in load_questions(QUESTIONS, per_category, code_prompt=not skip_first)

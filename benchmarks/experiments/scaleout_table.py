@@ -3,7 +3,7 @@ tensor-parallel target, the bytes read from HBM, the weight-streaming floor thos
 at the chip's HBM bandwidth, and the bytes and count of collectives, so a user can predict
 tokens/s as ``tau / (floor + communication + overheads)``.
 
-    python benchmarks/scaleout_table.py            # the markdown table in the README
+    python -m benchmarks.experiments.scaleout_table            # the markdown table in the README
 
 Assumptions (change them below): bfloat16 weights, activations and KV cache; batch B = 1;
 gamma = 4 (a verify window of T = 5 tokens); 2048 cache slots read per step (attention reads

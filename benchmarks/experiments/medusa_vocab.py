@@ -3,7 +3,7 @@ head, or only its rows of a reduced draft vocabulary (the Vd most frequent answe
 every position of a row or only its answer span: held-out top-1 agreement per head and median
 seconds per optimizer step, on the same data, seed and steps (issue 11: "choose by measurement").
 
-    PYTHONPATH=. python benchmarks/medusa_vocab.py [STEPS]      # default 40; quiet machine
+    python -m benchmarks.experiments.medusa_vocab [STEPS]      # default 40; quiet machine
 
 Data: the shipped SmolLM2 answers (``checkpoints_tools/data/smollm2-135m-answers.json``), target
 features built once into ``runs/medusa-data``. Writes
@@ -13,7 +13,6 @@ features built once into ``runs/medusa-data``. Writes
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import os
 import sys
@@ -21,11 +20,7 @@ import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-import bench_env  # noqa: E402
+from benchmarks import bench_env
 
 
 def main(argv=None) -> int:
@@ -68,7 +63,7 @@ def main(argv=None) -> int:
         print(name, results[name], flush=True)
     record = {"benchmark": "medusa_vocab", "command": bench_env.command(), "machine": bench_env.machine_info(),
               "versions": bench_env.versions(), "batch": cfg.batch, "span": answer, "results": results}
-    out = os.path.join(HERE, "results", f"medusa_vocab_smollm2_{_dt.date.today()}.json")
+    out = bench_env.result_stem("medusa_vocab", "smollm2-135m") + ".json"
     with open(out, "w") as f:
         json.dump(record, f, indent=1)
     print(f"wrote {out}")

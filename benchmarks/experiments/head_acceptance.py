@@ -7,7 +7,7 @@ template), each compared with plain decoding (outputs must be identical).
 A head whose held-out serving acceptance matches training's held-out top-1 agreement but
 drops on (c) has a data problem (distribution shift), not a drafting bug.
 
-    PYTHONPATH=. python benchmarks/head_acceptance.py --sequences checkpoints_tools/data/smollm2-135m-answers.json
+    python -m benchmarks.experiments.head_acceptance --sequences checkpoints_tools/data/smollm2-135m-answers.json
 
 Writes ``--out``.json (machine, versions, command, per set and gamma: tau, acceptance per
 position, identical). No timing: tau is a count, so the machine's load does not move it.
@@ -16,18 +16,12 @@ position, identical). No timing: tau is a count, so the machine's load does not 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import sys
 
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-import bench_env  # noqa: E402
-from spec_bench import QUESTIONS, load_questions  # noqa: E402
+from benchmarks import bench_env
+from benchmarks.spec_bench import QUESTIONS, load_questions
 
 
 def main(argv=None) -> int:
@@ -46,7 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    out = args.out or os.path.join(HERE, "results", f"head_acceptance_{args.model}_{args.kind}_{_dt.date.today()}")
+    out = args.out or bench_env.result_stem("head_acceptance", f"{args.model}-{args.kind}")
 
     model = jaxspec.load(args.model)
     head = args.head or jaxspec.shipped_head(args.model, args.kind)

@@ -3,7 +3,7 @@ vocabulary sort, side by side on this machine, and the cost of each sampling set
 SmolLM2 generation (plain and n-gram speculative), as ratios to greedy decoding of the same
 drafter (different settings emit different text, so the n-gram rows differ in tau too).
 
-    PYTHONPATH=. python benchmarks/bench_truncation.py --out benchmarks/results/truncation_cpu
+    python -m benchmarks.experiments.bench_truncation --out benchmarks/results/truncation_cpu
 
 Writes ``OUT.json`` (machine, versions, command, medians) and prints a table.
 """
@@ -14,7 +14,6 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 
 import jax
@@ -118,14 +117,17 @@ def generation_table(new_tokens: int, reps: int) -> list[dict]:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results/truncation_cpu")
+    ap.add_argument("--out", default=None, help="path without .json (default: benchmarks/results/truncation_smollm2-135m_<host>_<date>)")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--gen-reps", type=int, default=4)
     ap.add_argument("--skip-generation", action="store_true")
     args = ap.parse_args()
+    from benchmarks.bench_env import command, result_stem
+
+    args.out = args.out or result_stem("truncation", "smollm2-135m")
     result = {
-        "command": " ".join(sys.argv),
+        "command": command(),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "backend": jax.default_backend(),
                     "devices": [str(d) for d in jax.devices()]},
         "versions": {"jax": jax.__version__, "python": platform.python_version()},

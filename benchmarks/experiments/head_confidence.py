@@ -16,7 +16,7 @@ failing to generalise; more training data of the same kind then cannot close it.
 SmolLM2 head that ships it is the other way round (docs/training.md, "What limits a
 head's acceptance"): the same p_max on every set, half the agreement on prompts of an unseen kind.
 
-    PYTHONPATH=. python benchmarks/head_confidence.py \
+    python -m benchmarks.experiments.head_confidence \
         --training-files checkpoints_tools/data/smollm2-135m-answers.json,checkpoints_tools/data/smollm2-135m-instruct-answers.json \
         --set trained=checkpoints_tools/data/smollm2-135m-instruct-answers.json \
         --set unseen=checkpoints_tools/data/smollm2-135m-instruct2-answers.json \
@@ -32,18 +32,13 @@ share / agreement / top-k coverage). Counts only: the machine's load does not mo
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-
-import bench_env  # noqa: E402
-from spec_bench import QUESTIONS, load_questions  # noqa: E402
+from benchmarks import bench_env
+from benchmarks.spec_bench import QUESTIONS, load_questions
 
 BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0 + 1e-6)  # p_max bin edges, the last closed
 
@@ -140,7 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     start = time.perf_counter()
-    out = args.out or os.path.join(HERE, "results", f"head_confidence_{args.model}_{_dt.date.today()}")
+    out = args.out or bench_env.result_stem("head_confidence", args.model)
 
     model = jaxspec.load(args.model)
     head = args.head or jaxspec.shipped_head(args.model, "eagle3")

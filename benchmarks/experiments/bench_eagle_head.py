@@ -15,7 +15,7 @@ The 1-minute load average is recorded: on a shared machine read the ratios, not 
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/bench_eagle_head.py [--reps 30]
+    python -m benchmarks.experiments.bench_eagle_head [--reps 30]
 
 Writes ``benchmarks/results/eagle_head_cost_cpu_<date>.json`` and prints it.
 """
@@ -118,8 +118,10 @@ def main() -> None:
            "load_average_1min_at_start": load, "reps": args.reps, "median_ms": ms,
            "ratio_to_target_pass": {k: round(v / target, 3) for k, v in ms.items()},
            "held_out_coverage": coverage(model.tokenizer, cfg_t.vocab_size)}
-    os.makedirs("benchmarks/results", exist_ok=True)
-    path = f"benchmarks/results/eagle_head_cost_cpu_{out['date']}.json"
+    from benchmarks.bench_env import result_stem
+
+    path = result_stem("eagle_head_cost", "smollm2-135m") + ".json"
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(out, f, indent=1)
     print(json.dumps(out, indent=1))

@@ -6,7 +6,7 @@ V [B,K,S,h] (the layouts XLA:CPU's dots read without a transpose). ms per step, 
 caches through lax.fori_loop, which adds copies of its own (120 in both layouts): a lead for
 the engine's layout, not a measurement of it.
 
-    python benchmarks/kv_layout.py [S] [T]       # default 1024 1
+    python -m benchmarks.experiments.kv_layout [S] [T]       # default 1024 1
 """
 import re, sys, time, statistics
 import jax, jax.numpy as jnp, numpy as np

@@ -18,7 +18,7 @@ to unpadded plain per question (median). Writes JSON with the machine, versions 
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/padded_plain.py [--model smollm2-135m] [--min-pass-tokens 2,3]
+    python -m benchmarks.experiments.padded_plain [--model smollm2-135m] [--min-pass-tokens 2,3]
 """
 
 from __future__ import annotations
@@ -30,10 +30,14 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from bench_env import command, machine_info, versions, write_record  # noqa: E402
-from spec_bench import QUESTIONS, load_questions  # noqa: E402
+from benchmarks.bench_env import (
+    command,
+    machine_info,
+    result_stem,
+    versions,
+    write_record,
+)
+from benchmarks.spec_bench import QUESTIONS, load_questions
 
 
 def main(argv=None) -> int:
@@ -99,9 +103,8 @@ def main(argv=None) -> int:
         f"M={m}: {s['median_tokens_per_s']:.1f} tok/s" + ("" if m == "1" else (
             f", {s['median_vs_unpadded']:.3f}x unpadded, identical {s['identical_to_unpadded']}/{len(rows)}"))
         for m, s in summary.items()))
-    path = args.out or os.path.join(HERE, "results", f"padded_plain_{jax.default_backend()}_{started:%Y-%m-%d}.json")
-    write_record({"benchmark": "padded_plain", "command": command(None if argv is None else
-                                                                   [os.path.relpath(__file__)] + list(argv)),
+    path = args.out or result_stem("padded_plain", args.model, started) + ".json"
+    write_record({"benchmark": "padded_plain", "command": command(argv, __spec__.name),
                   "started_utc": started.isoformat(),
                   "machine": {**machine_info(), "backend": jax.default_backend(),
                               "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")},
