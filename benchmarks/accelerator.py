@@ -47,7 +47,7 @@ Run from the repository root::
     python -m benchmarks.accelerator                # the real run (GPU/TPU)
     python -m benchmarks.accelerator --dry-run      # tiny shapes, CPU, < 1 minute
 
-Writes ``benchmarks/results/accelerator_<device kind>_<date>[_dry_run].json`` (or ``--out``):
+Writes ``benchmarks/results/accelerator_<shapes>[-dry-run]_<host kind>_<date>.json`` (or ``--out``):
 machine (device kind, jax/torch versions), command, settings, medians and every sample.
 """
 

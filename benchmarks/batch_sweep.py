@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt-tokens", type=int, default=0,
                     help="only questions of at most this many tokens, chat template included (0: all); fewer prompt "
                          "buckets, so fewer compiles on a large target")
-    ap.add_argument("--out", default=None, help="output stem (default benchmarks/results/batch_sweep_<model>_<date>)")
+    ap.add_argument("--out", default=None, help="output stem (default benchmarks/results/batch_sweep_<model>_<host kind>_<date>)")
     args = ap.parse_args(argv)
     methods = [parse_method(m) for m in args.methods.split(",")]
     if methods[0].kind != "plain":

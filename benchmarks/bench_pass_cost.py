@@ -14,7 +14,7 @@ Run from the repository root::
     python -m benchmarks.bench_pass_cost [--models smollm2-135m,gemma3-270m] [--reps 15]
         [--widths 1,2,5,9,17] [--dtype bfloat16] [--kernel both|on|off]
 
-Writes ``benchmarks/results/pass_cost_<host kind>_<date>.json`` (machine, versions, command) and prints a table.
+Writes ``benchmarks/results/pass_cost_<models>[-<dtype>]_<host kind>_<date>.json`` (machine, versions, command) and prints a table.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ Run from the repository root::
 Writes ``<out>.json`` (machine, versions, command, settings, per-batch rows, summaries),
 ``<out>.md`` (the tables) and ``<out>_tau.png``, ``<out>_acceptance.png``,
 ``<out>_speedup_batch.png``; ``--out`` defaults to
-``benchmarks/results/spec_bench_<model>_<date>``. A progress bar (tqdm) runs on stderr.
+``benchmarks/results/spec_bench_<model>_<host kind>_<date>`` (``benchmarks/README.md``). A progress bar (tqdm) runs on stderr.
 
 Many methods x shape buckets compile many programs in one process; XLA:CPU maps ~1,000 memory
 regions per program, past Linux's default vm.max_map_count (65,530), after which LLVM fails with
@@ -573,7 +573,7 @@ def parse_args(argv):
                     help="pad prompts to a multiple of this many tokens (jaxspec.api.PROMPT_BUCKET, default 64): "
                          "fewer compiled programs where compiling costs more than padded prefill (accelerators)")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--out", default=None, help="output path stem (default benchmarks/results/spec_bench_<model>_<date>)")
+    ap.add_argument("--out", default=None, help="output path stem (default benchmarks/results/spec_bench_<model>_<host kind>_<date>)")
     args = ap.parse_args(argv)
     categories = tuple(args.categories.split(",")) if args.categories else None
     if args.methods is None:

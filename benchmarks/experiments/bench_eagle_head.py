@@ -17,7 +17,7 @@ Run from the repository root::
 
     python -m benchmarks.experiments.bench_eagle_head [--reps 30]
 
-Writes ``benchmarks/results/eagle_head_cost_cpu_<date>.json`` and prints it.
+Writes ``benchmarks/results/eagle_head_cost_smollm2-135m_<host kind>_<date>.json`` and prints it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ vocabulary sort, side by side on this machine, and the cost of each sampling set
 SmolLM2 generation (plain and n-gram speculative), as ratios to greedy decoding of the same
 drafter (different settings emit different text, so the n-gram rows differ in tau too).
 
-    python -m benchmarks.experiments.bench_truncation --out benchmarks/results/truncation_cpu
+    python -m benchmarks.experiments.bench_truncation    # benchmarks/results/truncation_smollm2-135m_<host kind>_<date>
 
 Writes ``OUT.json`` (machine, versions, command, medians) and prints a table.
 """

@@ -7,7 +7,7 @@ seconds per optimizer step, on the same data, seed and steps (issue 11: "choose 
 
 Data: the shipped SmolLM2 answers (``checkpoints_tools/data/smollm2-135m-answers.json``), target
 features built once into ``runs/medusa-data``. Writes
-``benchmarks/results/medusa_vocab_smollm2_DATE.json``.
+``benchmarks/results/medusa_vocab_smollm2-135m_<host kind>_<date>.json``.
 """
 
 from __future__ import annotations

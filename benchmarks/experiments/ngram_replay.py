@@ -34,7 +34,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PASS_COST = os.path.join(os.path.dirname(HERE), "results", "pass_cost_cpu_2026-12-01.json")
+PASS_COST = os.path.join(os.path.dirname(HERE), "results", "pass_cost_smollm2-135m-gemma3-270m_cpu_2026-12-01.json")
 POLICIES = ("g4", "g8", "g4_b2", "g16_s4", "g16_s3", "g16_s5", "g16_s4_m8", "g16_s4_m12", "g16_s4_m24", "g8_s4",
             "g24_s4", "g32_s4", "g16_s4_b2_n2", "g16_s4_b2", "g16_s3_b2", "g16_s2_b2")
 

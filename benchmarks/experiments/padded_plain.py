@@ -3,7 +3,7 @@
 process, on a real model: tok/s of each and whether the tokens are identical.
 
 The question behind it: on the H200 a 1-token pass of the Llama-3.1-8B shape took longer than a
-2-token one (``benchmarks/results/accelerator_nvidia-h200_2026-12-04.md``), so running plain
+2-token one (``benchmarks/results/accelerator_summary_nvidia-h200_2026-12-04.md``), so running plain
 decoding's pass as a 2-token one (the token and a copy, the copy's outputs dropped) may be
 faster there; on a CPU a wider pass costs more. A backend goes into ``MIN_PASS_TOKENS`` only
 where this measures faster.

@@ -18,18 +18,18 @@ OUT = os.path.join(ROOT, "docs", "_generated", "results")
 
 # name -> (results file, kind). The headline results the documentation quotes.
 RESULTS = {
-    "spec_bench_smollm2_quiet": ("benchmarks/results/spec_bench_smollm2_2026-12-02_quiet.json", "spec_bench"),
-    "spec_bench_smollm2_drafters": ("benchmarks/results/spec_bench_smollm2_2026-12-03_drafters.json", "spec_bench"),
-    "spec_bench_smollm2_gate": ("benchmarks/results/spec_bench_smollm2_2026-12-04_gate.json", "spec_bench"),
-    "spec_bench_qwen": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_2026-12-02.json", "spec_bench"),
-    "spec_bench_qwen_gate": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_2026-12-04_gate.json", "spec_bench"),
-    "pass_cost_cpu": ("benchmarks/results/pass_cost_cpu_2026-12-01.json", "pass_cost"),
-    "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2_cpu_2026-12-02.json", "batch_sweep"),
-    "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen_cpu_2026-12-03.json", "batch_sweep"),
-    "batch_sweep_qwen_b2_8_32": ("benchmarks/results/batch_sweep_qwen_cpu_2026-12-03_b2_8_32.json", "batch_sweep"),
-    "batch_sweep_smollm2_heads": ("benchmarks/results/batch_sweep_smollm2_cpu_2026-12-03_heads.json", "batch_sweep"),
-    "accelerator_h200_8b": ("benchmarks/results/accelerator_nvidia-h200_2026-12-04_llama-3.1-8b.json", "accelerator"),
-    "accelerator_h200_1b": ("benchmarks/results/accelerator_nvidia-h200_2026-12-04_llama-3.2-1b.json", "accelerator"),
+    "spec_bench_smollm2_quiet": ("benchmarks/results/spec_bench_smollm2-135m-quiet_cpu_2026-12-02.json", "spec_bench"),
+    "spec_bench_smollm2_drafters": ("benchmarks/results/spec_bench_smollm2-135m-drafters_cpu_2026-12-03.json", "spec_bench"),
+    "spec_bench_smollm2_gate": ("benchmarks/results/spec_bench_smollm2-135m-gate_cpu_2026-12-04.json", "spec_bench"),
+    "spec_bench_qwen": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_cpu_2026-12-02.json", "spec_bench"),
+    "spec_bench_qwen_gate": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b-gate_cpu_2026-12-04.json", "spec_bench"),
+    "pass_cost_cpu": ("benchmarks/results/pass_cost_smollm2-135m-gemma3-270m_cpu_2026-12-01.json", "pass_cost"),
+    "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json", "batch_sweep"),
+    "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b_cpu_2026-12-03.json", "batch_sweep"),
+    "batch_sweep_qwen_b2_8_32": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b-b2-8-32_cpu_2026-12-03.json", "batch_sweep"),
+    "batch_sweep_smollm2_heads": ("benchmarks/results/batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json", "batch_sweep"),
+    "accelerator_h200_8b": ("benchmarks/results/accelerator_llama-3.1-8b_nvidia-h200_2026-12-04.json", "accelerator"),
+    "accelerator_h200_1b": ("benchmarks/results/accelerator_llama-3.2-1b_nvidia-h200_2026-12-04.json", "accelerator"),
 }
 
 

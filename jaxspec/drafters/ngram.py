@@ -34,7 +34,8 @@ written down:
   branches would add ``(branches - 1) * gamma`` nodes to every verify while the text is
   copied (a 33-token verify instead of 17 for 2 x 16; on SmolLM2 on CPU a 33-token pass
   costs 1.4x a 17-token one after 200 committed tokens and 1.2x after 830,
-  ``benchmarks/results/pass_cost_cpu_2026-12-01.json``, ``..._2026-12-04_1024slots.json``)
+  ``benchmarks/results/pass_cost_smollm2-135m-gemma3-270m_cpu_2026-12-01.json``,
+  ``pass_cost_smollm2-135m-1024slots_cpu_2026-12-04.json``)
   for drafts that the copied one almost always beats. The node budget is then ``max(gamma, branches *
   short_gamma)``;
 - a match other than the best drafts a branch only when its n-gram is at least
