@@ -216,10 +216,10 @@ def forward_widths(monkeypatch) -> list[int]:
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory):
     """``fn(family) -> (path, transformers logits)``: a tiny random checkpoint written by
-    transformers' ``save_pretrained`` (``tests/hf_tiny.py``), written once per session."""
+    transformers' ``save_pretrained`` (``tests/support/hf_tiny.py``), written once per session."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from hf_tiny import write_tiny
+    from support.hf_tiny import write_tiny
 
     root, made = tmp_path_factory.mktemp("hf"), {}
 

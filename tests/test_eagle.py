@@ -14,7 +14,7 @@ import pytest
 import jaxspec
 import jaxspec.api
 from jaxspec.models import eagle3
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 DRAFT_VOCAB = 48  # of the tiny target's 64 tokens
 

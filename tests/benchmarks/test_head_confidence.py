@@ -31,7 +31,7 @@ def test_training_rows_leave_out_what_the_split_held_out(head_confidence):
     held-out tenth (head_dataset.split_indices), so a "trained" set must not hold them."""
     from conftest import smollm2
 
-    data = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "checkpoints_tools", "data")
+    data = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "checkpoints_tools", "data")
     files = [os.path.join(data, "smollm2-135m-answers.json"), os.path.join(data, "smollm2-135m-instruct-answers.json")]
     rows = head_confidence.training_rows(files, smollm2().params, seed=0, holdout=0.1)
     assert [len(rows[os.path.abspath(f)]) for f in files] == [884 - 87, 997 - 101]

@@ -2,11 +2,11 @@
 process (the device count must be fixed before JAX starts, so not inside pytest) and prints
 one JSON object on its last stdout line.
 
-    python tests/sharded_cases.py single CKPT [NAME ...]  # 8 devices: every case (or the named
+    python tests/support/sharded_cases.py single CKPT [NAME ...]  # 8 devices: every case (or the named
                                                           # ones), its unsharded reference,
                                                           # placement and error checks; writes
                                                           # an orbax checkpoint to CKPT
-    python tests/sharded_cases.py multi PORT RANK CKPT    # one of 2 processes x 4 devices
+    python tests/support/sharded_cases.py multi PORT RANK CKPT    # one of 2 processes x 4 devices
                                                           # (jax.distributed, loopback coordinator)
 
 The tiny target has 8 query heads and 2 KV heads, so a ``model`` axis of 4 or 8 exercises

@@ -2,14 +2,14 @@
 became trees (commit b0ce9ac), for fixed seeds, so ``test_trees.py`` can prove that a chain
 through the tree code gives the same tokens (issue 9, point 4).
 
-Run once from the repository root: ``PYTHONPATH=. python tests/pin_chains.py``.
+Run once from the repository root: ``PYTHONPATH=. python tests/support/pin_chains.py``.
 """
 
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/, for conftest
 import jax  # noqa: E402
 
 from conftest import DRAFT, TARGET, Tiny, _noisy_copy  # noqa: E402
@@ -45,7 +45,7 @@ def run(t: Tiny, kind, gamma, settings):
 if __name__ == "__main__":
     t = tiny()
     pinned = [{"kind": k, "gamma": g, "settings": s, **run(t, k, g, s)} for k, g, s in CASES]
-    path = os.path.join(os.path.dirname(__file__), "data", "pinned_chains.json")
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data", "pinned_chains.json")
     with open(path, "w") as f:
         json.dump(pinned, f, indent=1)
     print("wrote", path, len(pinned), "cases")

@@ -19,7 +19,6 @@ import jaxspec.api
 import jaxspec.engine
 from benchmarks import spec_bench
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
