@@ -43,13 +43,14 @@ def _command(cmd: str) -> str:
     script (``PYTHONPATH=. python benchmarks/spec_bench.py``): the same run is now
     ``python -m benchmarks.spec_bench`` (``benchmarks.experiments.<name>`` for a script moved there)."""
     words = [w for w in cmd.split() if w != "PYTHONPATH=."]
-    if words and words[0].endswith(("python", "python3")) and "/" in words[0]:
-        words[0] = "python"
-    if len(words) > 1 and words[0] in ("python", "python3"):
-        m = re.fullmatch(r"benchmarks/(?:experiments/)?(\w+)\.py", words[1])
+    i = next((i for i, w in enumerate(words) if w.endswith(("python", "python3"))), None)  # after VAR=value words
+    if i is not None:
+        if "/" in words[i]:
+            words[i] = "python"
+        m = re.fullmatch(r"benchmarks/(?:experiments/)?(\w+)\.py", words[i + 1]) if i + 1 < len(words) else None
         if m:
             sub = "experiments." if os.path.isfile(os.path.join(ROOT, "benchmarks", "experiments", m[1] + ".py")) else ""
-            words[1:2] = ["-m", f"benchmarks.{sub}{m[1]}"]
+            words[i + 1:i + 2] = ["-m", f"benchmarks.{sub}{m[1]}"]
     if "--out" in words:  # where that run wrote its file; the default is benchmarks/results/
         i = words.index("--out")
         del words[i:i + 2]
