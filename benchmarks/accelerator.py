@@ -44,10 +44,10 @@ same machine skips jax's compiles.
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/accelerator.py                # the real run (GPU/TPU)
-    PYTHONPATH=. python benchmarks/accelerator.py --dry-run      # tiny shapes, CPU, < 1 minute
+    python -m benchmarks.accelerator                # the real run (GPU/TPU)
+    python -m benchmarks.accelerator --dry-run      # tiny shapes, CPU, < 1 minute
 
-Writes ``benchmarks/results/accelerator_<device kind>_<date>[_dry_run].json`` (or ``--out``):
+Writes ``benchmarks/results/accelerator_<shapes>[-dry-run]_<host kind>_<date>.json`` (or ``--out``):
 machine (device kind, jax/torch versions), command, settings, medians and every sample.
 """
 
@@ -62,9 +62,7 @@ import sys
 import time
 import warnings
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from bench_env import machine_info, versions, write_record  # noqa: E402
+from benchmarks.bench_env import machine_info, result_stem, versions, write_record
 
 GOALS = {"pass_vs_floor": 1.15, "verify_vs_decode": 1.05, "plain_vs_hf": 1.5}
 PARTS = ("pass", "e2e")
@@ -479,11 +477,10 @@ def main(argv=None) -> int:
         cmp = ">=" if g["goal"] == "plain_vs_hf" else "<="
         print(f"  {verdict} {g['shape']} {g['goal']}: {value} (goal {cmp} {g['limit']})")
 
-    kind = device.device_kind.lower().replace(" ", "-")
-    stem = args.out or os.path.join(HERE, "results", f"accelerator_{kind}_{started:%Y-%m-%d}{'_dry_run' if dry else ''}")
+    stem = args.out or result_stem("accelerator", "-".join(names) + ("-dry-run" if dry else ""), started)
     path = stem if stem.endswith(".json") else stem + ".json"
     record = {
-        "command": "PYTHONPATH=. python benchmarks/accelerator.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m benchmarks.accelerator " + " ".join(sys.argv[1:] if argv is None else argv),
         "started": started.isoformat(), "dry_run": dry,
         "machine": {**machine_info(), "backend": backend, "device_kind": device.device_kind,
                     "device_count": jax.device_count(), "transformers_device": torch_device,

@@ -10,8 +10,8 @@ total wall seconds over the N questions, tok/s, speedup over plain at the same B
 the totals), tau, and whether every row equals plain decoding. From it, per method, the policy's limit: the largest B up to which every measured
 batch size was faster than plain (None when even batch 1 was not, "all" when every one was).
 
-    PYTHONPATH=. python benchmarks/batch_sweep.py --model smollm2-135m --methods plain,ngram_g4
-    PYTHONPATH=. python benchmarks/batch_sweep.py --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \\
+    python -m benchmarks.batch_sweep --model smollm2-135m --methods plain,ngram_g4
+    python -m benchmarks.batch_sweep --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \\
         --methods plain,ngram_g4,draft_g4 --batch-sizes 1,4,16 --n-questions 16 --max-new-tokens 32 --max-prompt-tokens 128
 
 Writes ``--out``.json (machine, versions, command, every timing) and .md, and a plot of
@@ -27,11 +27,16 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from benchmarks import bench_env
+from benchmarks.spec_bench import (
+    QUESTIONS,
+    JaxRunner,
+    load_questions,
+    parse_method,
+    resolve_heads,
+)
 
-import bench_env  # noqa: E402
-from spec_bench import QUESTIONS, JaxRunner, load_questions, parse_method, resolve_heads  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def mixed_questions(path: str, n: int, keep=lambda q: True) -> list[dict]:
@@ -70,14 +75,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-prompt-tokens", type=int, default=0,
                     help="only questions of at most this many tokens, chat template included (0: all); fewer prompt "
                          "buckets, so fewer compiles on a large target")
-    ap.add_argument("--out", default=None, help="output stem (default benchmarks/results/batch_sweep_<model>_<date>)")
+    ap.add_argument("--out", default=None, help="output stem (default benchmarks/results/batch_sweep_<model>_<host kind>_<date>)")
     args = ap.parse_args(argv)
     methods = [parse_method(m) for m in args.methods.split(",")]
     if methods[0].kind != "plain":
         ap.error("--methods must start with plain (the baseline)")
     sizes = sorted(int(b) for b in args.batch_sizes.split(","))
     started = _dt.datetime.now(_dt.timezone.utc)
-    stem = args.out or os.path.join(HERE, "results", f"batch_sweep_{args.model}_{started:%Y-%m-%d}")
+    stem = args.out or bench_env.result_stem("batch_sweep", args.model, started)
 
     import jax
 
@@ -124,7 +129,7 @@ def main(argv=None) -> int:
     limits = {m.name: policy_limit({b: results[m.name][b]["speedup_vs_plain"] for b in sizes})
               for m in methods if m.kind != "plain"}
     out = {"benchmark": "batch_sweep", "started_utc": started.isoformat(), "total_wall_s": time.perf_counter() - t0,
-           "command": bench_env.command(None if argv is None else [os.path.relpath(__file__)] + list(argv)),
+           "command": bench_env.command(argv, __spec__.name),
            "machine": bench_env.machine_info(), "versions": bench_env.versions(), "backend": jax.default_backend(),
            "settings": {"model": args.model, "draft_model": args.draft_model, "batch_sizes": sizes,
                         "max_new_tokens": args.max_new_tokens, "n_questions": args.n_questions, "greedy": True,

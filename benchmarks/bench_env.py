@@ -1,7 +1,8 @@
 """What every benchmark records about where and with what it ran, shared by the scripts here.
 
 ``machine_info`` (CPU model, cores, memory), ``versions`` (jax, torch, transformers, ...,
-and the jaxspec git commit), ``command`` (the exact command line), ``median``, a logging
+and the jaxspec git commit), ``command`` (the exact command line), ``result_stem`` (the
+default results path, ``benchmarks/README.md``'s naming scheme), ``median``, a logging
 handler that collects warnings into the result JSON, and ``set_omp_wait_policy`` (torch's
 OpenMP threads on a shared CPU; see its docstring).
 """
@@ -12,6 +13,7 @@ import importlib.metadata
 import logging
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -19,6 +21,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")  # every script's default output folder
 
 
 def machine_info() -> dict:
@@ -61,9 +64,39 @@ def versions() -> dict:
     return out
 
 
-def command(argv=None) -> str:
-    """The command line as a shell would re-run it: interpreter, script, arguments (quoted)."""
-    return " ".join(shlex.quote(a) for a in [sys.executable] + (sys.argv if argv is None else argv))
+def command(argv=None, module: str | None = None) -> str:
+    """The command line as a shell re-runs it from the repository root: the interpreter,
+    ``-m module`` and the arguments (``argv``, default ``sys.argv[1:]``), quoted. ``module``
+    defaults to the module run as ``__main__`` (``python -m benchmarks.spec_bench``); a script run
+    by its path (no module) is recorded as ``sys.argv``."""
+    if module is None:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None and spec.name.startswith("benchmarks.") else None
+    args = list(sys.argv[1:] if argv is None else argv)
+    words = ["-m", module] + args if module else (list(sys.argv) if argv is None else args)
+    return " ".join(shlex.quote(a) for a in [sys.executable] + words)
+
+
+def host_kind() -> str:
+    """The host kind of a results file name: ``cpu`` on jax's CPU backend, else the device kind,
+    lower case, spaces as hyphens (``nvidia-h200``, ``tpu-v5-lite``)."""
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return "cpu"
+    return jax.devices()[0].device_kind.lower().replace(" ", "-")
+
+
+def result_stem(benchmark: str, variant: str, date=None, host: str | None = None) -> str:
+    """``benchmarks/results/<benchmark>_<variant>_<host kind>_<date>`` (no extension): the
+    naming scheme of ``benchmarks/README.md``. ``variant`` is what tells the run apart (model,
+    then settings), its words joined by hyphens, never underscores; ``date`` a ``datetime``/``date``
+    (default today, UTC)."""
+    import datetime as _dt
+
+    date = date or _dt.datetime.now(_dt.timezone.utc)
+    variant = re.sub(r"[^A-Za-z0-9.]+", "-", variant).strip("-").lower()
+    return os.path.join(RESULTS, f"{benchmark}_{variant}_{host or host_kind()}_{date:%Y-%m-%d}")
 
 
 def write_record(record: dict, path: str) -> None:

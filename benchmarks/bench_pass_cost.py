@@ -11,10 +11,10 @@ compiled with XLA's dot (``cpu_matmul.disabled()``) and the two are interleaved 
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/bench_pass_cost.py [--models smollm2-135m,gemma3-270m] [--reps 15]
+    python -m benchmarks.bench_pass_cost [--models smollm2-135m,gemma3-270m] [--reps 15]
         [--widths 1,2,5,9,17] [--dtype bfloat16] [--kernel both|on|off]
 
-Writes ``benchmarks/results/pass_cost_<host kind>_<date>.json`` (machine, versions, command) and prints a table.
+Writes ``benchmarks/results/pass_cost_<models>[-<dtype>]_<host kind>_<date>.json`` (machine, versions, command) and prints a table.
 """
 
 from __future__ import annotations
@@ -27,9 +27,7 @@ import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from bench_env import machine_info, versions  # noqa: E402
+from benchmarks.bench_env import machine_info, result_stem, versions
 
 WIDTHS = (1, 2, 5, 9, 17, 33, 65)
 
@@ -111,8 +109,8 @@ def main(argv=None) -> int:
         del model, params
 
     started = _dt.datetime.now(_dt.timezone.utc)
-    stem = args.out or os.path.join(HERE, "results", f"pass_cost_{jax.default_backend()}_{started:%Y-%m-%d}")
-    record = {"command": _switch_prefix() + "PYTHONPATH=. python benchmarks/bench_pass_cost.py " + " ".join(argv or sys.argv[1:]),
+    stem = args.out or result_stem("pass_cost", args.models.replace(",", "-") + (f"-{args.dtype}" if args.dtype else ""), started)
+    record = {"command": _switch_prefix() + "python -m benchmarks.bench_pass_cost " + " ".join(argv or sys.argv[1:]),
               "machine": machine_info(), "versions": versions(), "backend": jax.default_backend(),
               "settings": vars(args), "matmul": cpu_matmul.describe() if kernel else "XLA dot",
               "load_avg_before": load_before, "load_avg": os.getloadavg(), "results": results}

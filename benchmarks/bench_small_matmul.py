@@ -16,7 +16,7 @@ median of 5). The load average before and after is recorded: other work on the m
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/bench_small_matmul.py [--reps 40] [--widths 1,2,...] [--out PATH]
+    python -m benchmarks.bench_small_matmul [--reps 40] [--widths 1,2,...] [--out PATH]
 
 Set ``XLA_FLAGS`` to try an XLA:CPU option on the jax columns (the flags are recorded).
 """
@@ -24,16 +24,13 @@ Set ``XLA_FLAGS`` to try an XLA:CPU option on the jax columns (the flags are rec
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import statistics
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from bench_env import machine_info, versions  # noqa: E402
+from benchmarks.bench_env import machine_info, result_stem, versions
 
 WIDTHS = (1, 2, 5, 9)
 
@@ -92,8 +89,10 @@ def main(argv=None) -> int:
     p.add_argument("--n", type=int, default=8960)
     p.add_argument("--reps", type=int, default=40)
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="comma-separated T values")
-    p.add_argument("--out", default=f"benchmarks/results/small_matmul_cpu_{_dt.date.today()}.json")
+    p.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/small_matmul_<k>x<n>[-kernel]_cpu_<date>.json)")
     args = p.parse_args(argv)
+    args.out = args.out or result_stem("small_matmul", f"{args.k}x{args.n}" + ("-kernel" if _switch_prefix() else ""),
+                                       host="cpu") + ".json"
     widths = tuple(int(w) for w in args.widths.split(","))
     load_before = os.getloadavg()
     rng = np.random.default_rng(0)
@@ -122,7 +121,7 @@ def main(argv=None) -> int:
         print(f"{lib:>14}", "  ".join(f"T={t}: {v['ms']:.2f} ms ({v['vs_T1']:.2f}x, {v['GB_s']:.1f} GB/s)"
                                       for t, v in zip(widths, results[lib].values())))
     print(f"copy bandwidth {copy} GB/s")
-    record = {"command": _switch_prefix() + "PYTHONPATH=. python benchmarks/bench_small_matmul.py " + " ".join(argv or sys.argv[1:]),
+    record = {"command": _switch_prefix() + "python -m benchmarks.bench_small_matmul " + " ".join(argv or sys.argv[1:]),
               "machine": machine_info(), "versions": versions(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "load_avg_before": load_before, "load_avg_after": os.getloadavg(), "copy_GB_s": copy,
               "shape": {"k": args.k, "n": args.n, "matrices": len(mats)}, "reps": args.reps,

@@ -1,18 +1,19 @@
 """Put a packaged model on an offline accelerator host that accepts at most 64 MiB per transfer,
-the working tree included (``LIMIT_MIB``): the model's GGUF
-is split into parts under ``.devcarry/`` (git-ignored), successive calls carry one part each
-onto the host, which keeps them between transfers (an ignored path carried once stays there for the next
-call), and the last call joins them and runs the benchmark (``benchmarks/device_smollm2.sh``).
+the repository's files included (``LIMIT_MIB``): the model's GGUF is split into parts under
+``.devcarry/`` (git-ignored), each transfer sends one part to the host, which keeps them between
+transfers, and the last transfer's command joins them, checks the result against the packaged
+model's size and sha256, and runs the benchmark (``benchmarks/device_smollm2.sh``).
 
 Here, from the repository root::
 
-    PYTHONPATH=. python benchmarks/device_carry.py prepare     # parts, gguf wheel; prints the calls
+    python -m benchmarks.device_carry prepare     # parts, gguf wheel; prints the transfers
 
-prints, as JSON, the calls to make in order: ``carry`` (the paths) and ``command``. Make them
-back to back: a host released between transfers loses the parts already carried
-(the last command then says which parts are missing). There (the last call runs it)::
+prints, as JSON, the transfers to make in order: ``carry`` (the paths to send beside the
+repository) and ``command`` (what to run on the host). Make them back to back: a host reset
+between transfers loses the parts it had (the last command then says which parts are
+missing). On the host (the last transfer's command runs it)::
 
-    python3 benchmarks/device_carry.py assemble --site /tmp/site   # join, check sha256, place
+    python3 -m benchmarks.device_carry assemble --site /tmp/site   # join, check sha256, place
 
 writes the GGUF where ``jaxspec.load(name)`` finds it once ``/tmp/site`` is on ``PYTHONPATH``
 (``<site>/<module>/<file>``, the path the model's wheel would have; a namespace package, no
@@ -35,7 +36,7 @@ LIMIT_MIB = 64  # the host's limit per transfer: working tree + carried paths
 
 
 def tree_bytes() -> int:
-    """Bytes of what every call sends: tracked files and untracked files git does not ignore."""
+    """Bytes of what every transfer sends: tracked files and untracked files git does not ignore."""
     out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          capture_output=True, check=True).stdout
     paths = [p for p in out.decode().split("\0") if p]
@@ -50,7 +51,7 @@ def _parts(carry: str, model_name: str) -> list[str]:
 
 def prepare(model_name: str, margin_mib: float) -> dict:
     """Split ``model_name``'s GGUF into ``.devcarry/<name>.partNNN``, download the ``gguf`` wheel
-    there; return the plan of calls (the Spec-Bench questions travel with the working tree,
+    there; return the plan of transfers (the Spec-Bench questions travel with the repository,
     ``benchmarks/data/spec_bench/``).
 
     Raises ``SystemExit`` (with the message) when ``gguf`` is
@@ -64,7 +65,7 @@ def prepare(model_name: str, margin_mib: float) -> dict:
         gguf_version = version("gguf")
     except PackageNotFoundError:
         raise SystemExit("error: the gguf package is not installed here (pip install -e '.[models]'); its wheel "
-                         "is carried to the device, which lacks it") from None
+                         "is sent to the host, which lacks it") from None
 
     model = packaged.MODELS[model_name]
     src = packaged.gguf_path(model_name)
@@ -79,11 +80,11 @@ def prepare(model_name: str, margin_mib: float) -> dict:
     extras = [os.path.relpath(p, ROOT) for p in sorted(glob.glob(os.path.join(carry, "gguf-*.whl")))]
     extra_bytes = sum(os.path.getsize(os.path.join(ROOT, p)) for p in extras)
     room = int((LIMIT_MIB - margin_mib) * 2**20) - tree_bytes()
-    part = room - extra_bytes  # the last call carries the extras too: every part fits beside them
+    part = room - extra_bytes  # the last transfer sends the extras too: every part fits beside them
     if part < 2**20:
-        raise SystemExit(f"error: the working tree ({tree_bytes() / 2**20:.1f} MiB) and the last call's extras "
+        raise SystemExit(f"error: the repository's files ({tree_bytes() / 2**20:.1f} MiB) and the last transfer's extras "
                          f"({extra_bytes / 2**20:.1f} MiB) leave {part / 2**20:.1f} MiB for a part of the "
-                         f"{LIMIT_MIB} MiB per call")
+                         f"{LIMIT_MIB} MiB per transfer")
     parts = []
     with open(src, "rb") as f:
         while block := f.read(part):
@@ -93,7 +94,7 @@ def prepare(model_name: str, margin_mib: float) -> dict:
             parts.append(path)
     calls = [{"carry": [p], "command": f"ls -l {CARRY}"} for p in parts[:-1]]
     calls.append({"carry": [parts[-1], *extras], "command": "bash benchmarks/device_smollm2.sh"})
-    return {"note": "make the calls back to back; the working tree must not grow by more than the margin "
+    return {"note": "make the transfers back to back; the repository must not grow by more than the margin "
                     f"({margin_mib} MiB) before them (rerun prepare if it did)",
             "model": model_name, "gguf": src, "bytes": model.chunks[0].size if len(model.chunks) == 1 else None,
             "part_bytes": part, "tree_bytes": tree_bytes(), "calls": calls}
@@ -116,12 +117,12 @@ def assemble(model_name: str, site: str, carry: str = os.path.join(ROOT, CARRY))
     indices = [p.rsplit(".part", 1)[1] for p in parts]
     if indices != [f"{i:03d}" for i in range(len(parts))]:
         raise SystemExit(f"error: the parts of {model_name} here are {[os.path.basename(p) for p in parts]}, not "
-                         f"{model_name}.part000 .. part{len(parts) - 1:03d} in sequence (a call's part went back "
-                         "with a released host?)")
+                         f"{model_name}.part000 .. part{len(parts) - 1:03d} in sequence (a transfer lost, or the "
+                         "host reset between transfers?)")
     have = sum(os.path.getsize(p) for p in parts)
     if have != chunk.size:
         raise SystemExit(f"error: {len(parts)} part(s) of {model_name} here hold {have} bytes, expected {chunk.size}: "
-                         f"{[os.path.basename(p) for p in parts]} (a call's part went with a released host?)")
+                         f"{[os.path.basename(p) for p in parts]} (a transfer lost, or the host reset between transfers?)")
     dest = os.path.join(site, chunk.module, chunk.path)
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     with open(dest, "wb") as out:
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("action", choices=("prepare", "assemble"))
     ap.add_argument("--model", default="smollm2-135m", help="a single-file packaged model (smollm2-135m)")
     ap.add_argument("--site", default="/tmp/site", help="assemble: the folder put on PYTHONPATH (/tmp/site)")
-    ap.add_argument("--margin-mib", type=float, default=2.0, help="prepare: MiB left free per call (2)")
+    ap.add_argument("--margin-mib", type=float, default=2.0, help="prepare: MiB left free per transfer (2)")
     args = ap.parse_args(argv)
     if args.action == "prepare":
         print(json.dumps(prepare(args.model, args.margin_mib), indent=1))

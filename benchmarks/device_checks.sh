@@ -19,14 +19,14 @@ PY=${PYTHON:-python3}
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
   $PY -c "import jax, flax, optax; print('jax', jax.__version__, jax.devices())"
   echo "== greedy exactness, bfloat16"
-  timeout 135 $PY benchmarks/greedy_exactness.py --shapes small --dtypes bfloat16 --out "$OUT/greedy_exactness_bf16.json"
+  timeout 135 $PY -m benchmarks.greedy_exactness --shapes small --dtypes bfloat16 --out "$OUT/greedy_exactness_bf16.json"
   echo "== accelerator.py llama-3.1-8b (rc of the previous part: $?)"
-  timeout 270 $PY benchmarks/accelerator.py --shapes llama-3.1-8b --tree-widths 2,9,17,31 --hlo-summary \
+  timeout 270 $PY -m benchmarks.accelerator --shapes llama-3.1-8b --tree-widths 2,9,17,31 --hlo-summary \
     --out "$OUT/accelerator_8b.json"
   echo "== accelerator.py llama-3.2-1b (rc of the previous part: $?)"
-  timeout 130 $PY benchmarks/accelerator.py --shapes llama-3.2-1b --out "$OUT/accelerator_1b.json"
+  timeout 130 $PY -m benchmarks.accelerator --shapes llama-3.2-1b --out "$OUT/accelerator_1b.json"
   echo "== greedy exactness, bfloat16, passes of >= 2 tokens (rc of the previous part: $?)"
-  timeout 45 $PY benchmarks/greedy_exactness.py --dtypes bfloat16 --shapes small --seeds 1 \
+  timeout 45 $PY -m benchmarks.greedy_exactness --dtypes bfloat16 --shapes small --seeds 1 \
     --drafters self_draft --min-pass-tokens 2 --out "$OUT/greedy_exactness_bf16_min_pass2.json"
   echo "== done (rc of the previous part: $?)"
   date -u

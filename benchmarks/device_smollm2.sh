@@ -2,8 +2,9 @@
 # SmolLM2-135M on an accelerator host: Spec-Bench (one question per category + the code
 # rewrite, 128 new tokens, greedy, batch 1, every call timed twice) for plain decoding and
 # every drafter that ships for it, in the device's default dtype (bfloat16): speedups, tau,
-# and output identity with plain decoding on a real model. The model reaches the machine in
-# parts over several calls (benchmarks/device_carry.py prepare prints them); this is the last.
+# and output identity with plain decoding on a real model. The model reaches the offline host in
+# verified parts over several transfers (python -m benchmarks.device_carry prepare prints them);
+# this runs with the last.
 # Writes the spec_bench JSON/Markdown/plots and a log under $OUT. Settings by environment:
 # METHODS, PER_CATEGORY, MAX_NEW_TOKENS, SPEC_BENCH_TIMEOUT (s, 0: skip), SPEC_BENCH_EXTRA (more flags).
 #
@@ -13,9 +14,9 @@
 # trains on those answers (TRAIN_STEPS steps, TRAIN_WARMUP of warmup, TRAIN_BATCH sequences a
 # step; within TRAIN_TIMEOUT s). What comes back under $OUT: the answers, gzipped, as soon as
 # they exist (eagle_sequences.json.gz: train on them anywhere with --sequences) and the head in
-# bfloat16 (eagle_head.tgz, with train.json; 15 MB of the 16 MiB a returned file may hold; none
+# bfloat16 (eagle_head.tgz, with train.json; 15 MB, under a 16 MiB limit per file sent back; none
 # if training ran out of time: the head is written at its last step). Size N and the steps so
-# that the whole call ends within its limit (10 minutes at most), compiles included. The target
+# that the whole run ends within the host's time limit (10 minutes at most), compiles included. The target
 # runs in the device's default dtype (bfloat16) there: its answers and features are bfloat16 ones.
 #
 #   bash benchmarks/device_smollm2.sh       # from the repository root, on the device machine
@@ -28,7 +29,7 @@ export PYTHONUNBUFFERED=1
 {
   date -u
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .devcarry/gguf-*.whl || exit 1
-  PYTHONPATH=. $PY benchmarks/device_carry.py assemble --site /tmp/site || exit 1
+  $PY -m benchmarks.device_carry assemble --site /tmp/site || exit 1
   export PYTHONPATH=/tmp/site:.
   if [ "${TRAIN_EAGLE:-0}" -gt 0 ]; then
     run=/tmp/eagle_device
@@ -56,7 +57,7 @@ export PYTHONUNBUFFERED=1
   fi
   if [ "${SPEC_BENCH_TIMEOUT:-420}" -gt 0 ]; then
     # every prompt (<= 769 tokens with the chat template) in one prompt bucket: one program per method
-    timeout ${SPEC_BENCH_TIMEOUT:-420} $PY benchmarks/spec_bench.py --model smollm2-135m \
+    timeout ${SPEC_BENCH_TIMEOUT:-420} $PY -m benchmarks.spec_bench --model smollm2-135m \
       --per-category ${PER_CATEGORY:-1} --code-prompt \
       --max-new-tokens ${MAX_NEW_TOKENS:-128} --reps 2 --prompt-bucket 832 --no-compile-cache \
       --methods ${METHODS:-plain,ngram_g4,ngram_g16_s4_b2,eagle_g4,eagle_g4_n8_k2,medusa_g3,lookahead_w5_n4_g5} \

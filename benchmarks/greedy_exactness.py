@@ -29,8 +29,8 @@ Nothing is asserted: the JSON and the printed table are the record
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/greedy_exactness.py              # default shapes
-    PYTHONPATH=. python benchmarks/greedy_exactness.py --shapes tiny --max-new-tokens 16   # CPU smoke
+    python -m benchmarks.greedy_exactness              # default shapes
+    python -m benchmarks.greedy_exactness --shapes tiny --max-new-tokens 16   # CPU smoke
 """
 
 from __future__ import annotations
@@ -41,9 +41,7 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from bench_env import machine_info, versions, write_record  # noqa: E402
+from benchmarks.bench_env import machine_info, result_stem, versions, write_record
 
 
 def shapes() -> dict:
@@ -192,10 +190,9 @@ def _run(args, argv, least: int) -> int:
     total = sum(c["rows"] for c in cases)
     same = sum(c["rows_identical"] for c in cases)
     print(f"rows identical to plain: {same}/{total}")
-    kind = device.device_kind.lower().replace(" ", "-")
-    stem = args.out or os.path.join(HERE, "results", f"greedy_exactness_{kind}_{started:%Y-%m-%d}")
+    stem = args.out or result_stem("greedy_exactness", "-".join(args.shapes.split(",") + args.dtypes.split(",")), started)
     path = stem if stem.endswith(".json") else stem + ".json"
-    record = {"command": "PYTHONPATH=. python benchmarks/greedy_exactness.py " +
+    record = {"command": "python -m benchmarks.greedy_exactness " +
                          " ".join(sys.argv[1:] if argv is None else argv),
               "started": started.isoformat(),
               "machine": {**machine_info(), "backend": jax.default_backend(), "device_kind": device.device_kind,

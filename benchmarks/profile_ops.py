@@ -11,8 +11,8 @@ weights' matrix products, e.g. copies or transposes of the KV cache (``copy``,
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/profile_ops.py --model smollm2-135m --prompt-tokens 800 --max-new-tokens 64
-    PYTHONPATH=. python benchmarks/profile_ops.py --drafter ngram --gamma 4      # a speculative call
+    python -m benchmarks.profile_ops --model smollm2-135m --prompt-tokens 800 --max-new-tokens 64
+    python -m benchmarks.profile_ops --drafter ngram --gamma 4      # a speculative call
 
 Writes ``--out`` (JSON: command, machine, versions, settings, per-kind ms and counts) when given.
 """
@@ -31,9 +31,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from bench_env import machine_info, versions, write_record  # noqa: E402
+from benchmarks.bench_env import machine_info, versions, write_record
 
 # trace events that are not ops: the runtime's own spans, Python frames, thread-pool waits
 NOT_OPS = ("ThunkExecutor", "$", "np.", "SlinkyThreadPool", "end: ", "while", "conditional", "call")
@@ -99,7 +97,7 @@ def main(argv=None) -> int:
     for kind, (ms, n) in list(ops.items())[: args.top]:
         print(f"  {ms:9.1f} ms {100 * ms / total:5.1f}%  {n:7d}  {kind}")
     if args.out:
-        record = {"command": "PYTHONPATH=. python benchmarks/profile_ops.py " +
+        record = {"command": "python -m benchmarks.profile_ops " +
                              " ".join(sys.argv[1:] if argv is None else argv),
                   "started": started.isoformat(), "machine": {**machine_info(), "backend": jax.default_backend()},
                   "versions": versions(), "settings": vars(args), "prompt_tokens": len(prompt), "wall_s": wall,

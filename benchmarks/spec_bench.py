@@ -70,15 +70,15 @@ reported, not asserted; float32 op order differs).
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/spec_bench.py --model smollm2-135m --per-category 1 \\
+    python -m benchmarks.spec_bench --model smollm2-135m --per-category 1 \\
         --max-new-tokens 64 --methods plain,ngram_g4,hf_plain,hf_prompt_lookup
-    PYTHONPATH=. python benchmarks/spec_bench.py --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \\
+    python -m benchmarks.spec_bench --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \\
         --methods plain,draft_g4,ngram_g4,hf_plain,hf_assisted_g4 --batch-sizes 1,2,4
 
 Writes ``<out>.json`` (machine, versions, command, settings, per-batch rows, summaries),
 ``<out>.md`` (the tables) and ``<out>_tau.png``, ``<out>_acceptance.png``,
 ``<out>_speedup_batch.png``; ``--out`` defaults to
-``benchmarks/results/spec_bench_<model>_<date>``. A progress bar (tqdm) runs on stderr.
+``benchmarks/results/spec_bench_<model>_<host kind>_<date>`` (``benchmarks/README.md``). A progress bar (tqdm) runs on stderr.
 
 Many methods x shape buckets compile many programs in one process; XLA:CPU maps ~1,000 memory
 regions per program, past Linux's default vm.max_map_count (65,530), after which LLVM fails with
@@ -100,11 +100,11 @@ import sys
 import time
 import warnings
 
+from benchmarks import bench_env
+from benchmarks import spec_bench_report as report
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-import bench_env  # noqa: E402
-import spec_bench_report as report  # noqa: E402
 
 QUESTIONS = os.path.join(HERE, "data", "spec_bench", "question.jsonl")  # source and license: NOTICE.md there
 CODE_PROMPT = os.path.join(HERE, "prompts", "code_rewrite.txt")
@@ -573,7 +573,7 @@ def parse_args(argv):
                     help="pad prompts to a multiple of this many tokens (jaxspec.api.PROMPT_BUCKET, default 64): "
                          "fewer compiled programs where compiling costs more than padded prefill (accelerators)")
     ap.add_argument("--no-plots", action="store_true")
-    ap.add_argument("--out", default=None, help="output path stem (default benchmarks/results/spec_bench_<model>_<date>)")
+    ap.add_argument("--out", default=None, help="output path stem (default benchmarks/results/spec_bench_<model>_<host kind>_<date>)")
     args = ap.parse_args(argv)
     categories = tuple(args.categories.split(",")) if args.categories else None
     if args.methods is None:
@@ -682,7 +682,7 @@ def _main(argv, undo: contextlib.ExitStack) -> int:
     started = _dt.datetime.now(_dt.timezone.utc)
     t_start = time.perf_counter()
     model_tag = re.sub(r"[^A-Za-z0-9.]+", "-", os.path.basename(args.model.rstrip("/")).removesuffix(".gguf"))
-    stem = args.out or os.path.join(HERE, "results", f"spec_bench_{model_tag}_{started:%Y-%m-%d}")
+    stem = args.out or bench_env.result_stem("spec_bench", model_tag, started)
     os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
     has_hf = any(m.is_hf for m in methods)
 
@@ -767,7 +767,7 @@ def _main(argv, undo: contextlib.ExitStack) -> int:
     }
     result = {
         "benchmark": "spec_bench", "started_utc": started.isoformat(), "total_wall_s": total_s,
-        "command": bench_env.command(None if argv is None else [os.path.relpath(__file__)] + list(argv)), "cwd": os.getcwd(),
+        "command": bench_env.command(argv, __spec__.name), "cwd": os.getcwd(),
         "machine": bench_env.machine_info(), "versions": bench_env.versions(), "settings": settings,
         "definitions": report.DEFINITIONS, "summary": summary, "warnings": sorted(set(hf_warnings)), "rows": rows,
     }

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench_env import median
+from benchmarks.bench_env import median
 
 SPEC_BENCH_SOURCE = ("hemingkx/Spec-Bench: evaluation/speed.py (132ba4cf), evaluation/eval.py, "
                      "evaluation/inference_pld.py + model/pld/pld.py (bc8a422e), evaluation/inference_baseline.py "

@@ -396,11 +396,11 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
 # jax backend -> ``run_program``'s ``min_pass_tokens`` there. On the H200
 # (jax 0.11.2, bf16, Llama-3.1-8B shape, batch 1) a 1-token pass took 7.80 ms and a 2-token
 # one 6.04 ms; in the loop a plain step 6.97 ms and a synthetic tau-1 step (5-token verify plus
-# drafter) 5.44 ms (benchmarks/results/accelerator_nvidia-h200_2026-12-04.md). On a 2-core CPU
+# drafter) 5.44 ms (benchmarks/results/accelerator_summary_nvidia-h200_2026-12-04.md). On a 2-core CPU
 # SmolLM2-135M's plain decoding padded to 2 tokens ran at 0.72x the unpadded tok/s (13
-# Spec-Bench questions, identical tokens; benchmarks/results/padded_plain_cpu_2026-12-05.json).
+# Spec-Bench questions, identical tokens; benchmarks/results/padded_plain_smollm2-135m_cpu_2026-12-05.json).
 # Empty until a padded plain step is measured faster in the loop on some backend
-# (``benchmarks/accelerator.py``'s e2e part, ``benchmarks/padded_plain.py``): 1 everywhere.
+# (``benchmarks/accelerator.py``'s e2e part, ``benchmarks/experiments/padded_plain.py``): 1 everywhere.
 MIN_PASS_TOKENS: dict[str, int] = {}
 
 

@@ -34,11 +34,11 @@ mean falls below ``disable_by_acceptance`` the row decodes plainly for the rest 
 loop for a loop of plain steps that never runs the drafter). Off is permanent, as in
 TensorRT-LLM: resuming would first need the drafter's own cache to read every token it
 skipped (for the 0.5B Qwen draft on this CPU a 9-token forward costs 2.5x a 1-token one,
-``benchmarks/results/pass_cost_qwen_cpu_2026-12-03.json``, i.e. ~0.8 of a target step per
-resume). The gate reads only the row's past, so every step stays lossless: same greedy
+``benchmarks/results/pass_cost_qwen2.5-coder-0.5b-qwen2.5-coder-1.5b_cpu_2026-12-03.json``,
+i.e. ~0.8 of a target step per resume). The gate reads only the row's past, so every step stays lossless: same greedy
 tokens, same output distribution. Measured with these thresholds (batch 1, greedy): Qwen pair
 0.92x -> 0.97x median over 15 questions, code unchanged; SmolLM2's Medusa 0.81x -> 0.99x,
-EAGLE 0.98x -> 0.99x (``benchmarks/results/spec_bench_*_2026-12-04_gate.md``).
+EAGLE 0.98x -> 0.99x (``benchmarks/results/spec_bench_*-gate_cpu_2026-12-04.md``).
 
 ``disable_by_acceptance``:
 - ``"auto"`` (default): ``BREAK_EVEN[(backend, drafter class, gamma)]``, the tau below which
@@ -56,20 +56,21 @@ import jax
 # measured faster than plain decoding; batches above it decode plainly under "auto".
 # cpu, NGramDrafter: SmolLM2-135M on 2 CPU cores, 32 Spec-Bench questions, 64 new tokens,
 # greedy: 1.14x at batch 1, 0.98x at 2, 0.98x at 4, 0.90x at 8, 0.95x at 16
-# (benchmarks/results/batch_sweep_smollm2_cpu_2026-12-02.json); Qwen2.5-Coder-1.5B, 16
+# (benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json); Qwen2.5-Coder-1.5B, 16
 # questions, 32 new tokens: 1.03x at batch 1, 0.95x at 4, 0.80x at 16; 32 other questions: 1.01x
 # at 2 (within run-to-run noise, and SmolLM2's 0.98x at 2 says no), 0.84x at 8, 0.78x at 32
-# (batch_sweep_qwen_cpu_2026-12-03_b2_8_32.json). One entry serves every target, so it is the
+# (batch_sweep_qwen2.5-coder-1.5b-b2-8-32_cpu_2026-12-03.json). One entry serves every target, so it is the
 # largest batch that pays on both.
 # cpu, ModelDrafter: Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, the same sweep: 0.84x at
 # batch 1 on the mixed questions (1.20x on the coding ones, 128 tokens:
-# spec_bench_qwen2.5-coder-1.5b_2026-12-03_gamma.json), 0.92x at 4, 0.75x at 16
-# (benchmarks/results/batch_sweep_qwen_cpu_2026-12-03.json); 0.96x at 2, 0.79x at 8, 0.78x at
-# 32 (..._b2_8_32.json): it pays at batch 1 on the text it suits and at no larger batch.
+# spec_bench_qwen2.5-coder-1.5b-gamma_cpu_2026-12-03.json), 0.92x at 4, 0.75x at 16
+# (benchmarks/results/batch_sweep_qwen2.5-coder-1.5b_cpu_2026-12-03.json); 0.96x at 2, 0.79x at 8, 0.78x at
+# 32 (batch_sweep_qwen2.5-coder-1.5b-b2-8-32_cpu_2026-12-03.json): it pays at batch 1 on the text it
+# suits and at no larger batch.
 # cpu, EagleDrafter and MedusaDrafter: the heads that ship for SmolLM2-135M (EAGLE-3 gamma 2,
 # Medusa-1 chain of 3), 16 questions of at most 128 prompt tokens, 64 new tokens: EAGLE 0.96x at
 # batch 1, 0.91x at 2, 0.92x at 4; Medusa 0.81x, 0.81x, 0.89x
-# (benchmarks/results/batch_sweep_smollm2_cpu_2026-12-03_heads.json). Neither pays at any batch
+# (benchmarks/results/batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json). Neither pays at any batch
 # on this CPU; batch 1 stays speculative (a drafter the caller chose, where it comes closest and
 # where EAGLE pays on some categories), batches above it decode plainly.
 # A limit is never below 1: "auto" disables only what a larger batch costs.
@@ -86,15 +87,15 @@ GATE_WINDOW = 8
 # tau / speedup, from side-by-side runs):
 # cpu, ModelDrafter, 4: Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, confidence 0.3, batch
 # 1: tau 2.87 at 0.92x on 16 mixed questions (a step costs 3.12 plain steps;
-# batch_sweep_qwen_cpu_2026-12-03_confidence.json), tau 4.54 at 1.24x on code (3.66;
-# spec_bench_qwen2.5-coder-1.5b_2026-12-03_code_confidence.json); the cost grows with the drafts
+# batch_sweep_qwen2.5-coder-1.5b-confidence_cpu_2026-12-03.json), tau 4.54 at 1.24x on code (3.66;
+# spec_bench_qwen2.5-coder-1.5b-code-confidence_cpu_2026-12-03.json); the cost grows with the drafts
 # kept, and the line through both points crosses tau = cost at 3.24.
 # cpu, EagleDrafter, 2 and MedusaDrafter, 3: SmolLM2-135M's shipped heads (EAGLE-3 gamma 2,
 # Medusa-1 chain of 3), batch 1, 16 questions: tau 1.49 at 0.96x (cost 1.55) and tau 1.21 at
-# 0.81x (1.49) (batch_sweep_smollm2_cpu_2026-12-03_heads.json): a full-width step every time.
+# 0.81x (1.49) (batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json): a full-width step every time.
 # cpu, EagleDrafter, 4 and MedusaDrafter, 4 (the CLI's default gamma): the same heads on 13
 # Spec-Bench questions, 128 tokens: EAGLE g4 tau 1.52 at 0.83x (cost 1.83), Medusa chain of 4
-# tau 1.20 at 0.82x (1.46) (benchmarks/results/spec_bench_smollm2_2026-12-03_drafters.md).
+# tau 1.20 at 0.82x (1.46) (benchmarks/results/spec_bench_smollm2-135m-drafters_cpu_2026-12-03.md).
 # n-gram is not gated: where it finds no match it abstains, and that step costs a plain one
 # (a threshold the caller gives counts such steps as the one token they emit, as it does for a
 # draft model whose confidence stopped every chain: that step did cost a draft forward).

@@ -143,21 +143,12 @@ class Tiny:
 
 @pytest.fixture(scope="session")
 def bench_module():
-    """``load(name)``: import the script ``benchmarks/<name>.py`` as a module (the scripts import
-    their siblings, e.g. ``bench_env``, from that folder, so it is on ``sys.path`` meanwhile)."""
+    """``load(name)``: the module ``benchmarks.<name>`` (``benchmarks/<name>.py``; a name like
+    ``experiments.head_confidence`` for the one-question scripts). ``benchmarks`` is a package of
+    the repository root, which pytest puts on ``sys.path`` (pyproject's ``pythonpath``)."""
     import importlib
-    import sys
 
-    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
-
-    def load(name: str):
-        sys.path.insert(0, folder)
-        try:
-            return importlib.import_module(name)
-        finally:
-            sys.path.remove(folder)
-
-    return load
+    return lambda name: importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.fixture(scope="session")
@@ -225,10 +216,10 @@ def forward_widths(monkeypatch) -> list[int]:
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory):
     """``fn(family) -> (path, transformers logits)``: a tiny random checkpoint written by
-    transformers' ``save_pretrained`` (``tests/hf_tiny.py``), written once per session."""
+    transformers' ``save_pretrained`` (``tests/support/hf_tiny.py``), written once per session."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from hf_tiny import write_tiny
+    from support.hf_tiny import write_tiny
 
     root, made = tmp_path_factory.mktemp("hf"), {}
 

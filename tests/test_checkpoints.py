@@ -1,7 +1,7 @@
 """Checkpoint formats: orbax round trips, GGUF written by the ``gguf`` package, ``jaxspec.load``
 dispatch, restoring onto a mesh and dtype, and the ``checkpoints_tools`` CLI.
 
-Reference logits are transformers' own (``tests/hf_tiny.py``). Tolerances: float32 paths use
+Reference logits are transformers' own (``tests/support/hf_tiny.py``). Tolerances: float32 paths use
 ATOL = 1e-4 (measured gap <= 3.1e-6, see test_families.py); Q8_0 GGUF uses 0.25: Q8_0 keeps
 8 bits per weight (error up to 1/254 of each 32-weight block's max), which moved these
 logits (magnitude <= 9) by at most 0.092; a layout error (unpermuted Q/K, missing norm offset)
@@ -29,7 +29,7 @@ from jaxspec.checkpoints.gguf_reader import read_gguf
 from jaxspec import models
 
 pytest.importorskip("transformers")
-from hf_tiny import FAMILIES, TOKENS  # noqa: E402
+from support.hf_tiny import FAMILIES, TOKENS  # noqa: E402
 
 ATOL = 1e-4
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -66,7 +66,7 @@ from jaxspec.cache import KVCache
 from jaxspec import models as decoder
 from jaxspec.models import eagle3
 from jaxspec.sampling import History, SamplingParams, processed_probs, sample
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 V = 8
 TARGET = jaxspec.ModelConfig(

@@ -14,7 +14,7 @@ import pytest
 import jaxspec
 import jaxspec.api
 from jaxspec.models import eagle3
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 DRAFT_VOCAB = 48  # of the tiny target's 64 tokens
 
@@ -131,7 +131,7 @@ def test_trained_head_drafts_better_and_stays_exact(tiny, trained):
 
 
 def test_head_confidence_scores_the_drafts_the_engine_makes(tiny, trained, bench_module):
-    """benchmarks/head_confidence.py scores each answer position's first draft from one
+    """benchmarks/experiments/head_confidence.py scores each answer position's first draft from one
     teacher-forced pass; replaying a greedy chain of gamma 1 with its hits (a step at committed
     length L accepts iff the hit of entry L - 2 holds, then moves 2 tokens, else 1) must give
     the engine's accepted count per row. With the trained head most rows accept several drafts,
@@ -144,7 +144,7 @@ def test_head_confidence_scores_the_drafts_the_engine_makes(tiny, trained, bench
     spec = jaxspec.generate(model, prompts, drafter=drafter, drafter_params=dparams, max_new_tokens=tiny.max_new,
                             disable_by_acceptance=None)
     assert spec.tokens == plain
-    head_confidence = bench_module("head_confidence")
+    head_confidence = bench_module("experiments.head_confidence")
     for b, (prompt, answer) in enumerate(zip(prompts, plain)):
         seq, first = prompt + answer, len(prompt) - 1  # entry of the first answer position
         p_max, top1, topk, want = head_confidence.position_stats(model, drafter, dparams, seq, len(prompt), 3)

@@ -22,7 +22,7 @@ import jaxspec.api
 from jaxspec import engine
 from jaxspec.cache import KVCache
 from jaxspec import models
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 GAMMAS = (1, 2, 4, 7)
 DRAFTER_KINDS = ("ngram", "early_exit", "model_noisy", "model_small")  # see conftest.Tiny.drafter

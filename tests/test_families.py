@@ -1,6 +1,6 @@
 """Every family loads from a checkpoint transformers wrote itself and gives transformers' logits.
 
-Tiny random models (``tests/hf_tiny.py``): Llama, Llama 3.1 RoPE scaling, Mistral (sliding
+Tiny random models (``tests/support/hf_tiny.py``): Llama, Llama 3.1 RoPE scaling, Mistral (sliding
 window on every layer), Qwen2 (q/k/v bias), Qwen3 (q/k norm), Gemma 3 (sliding and full
 layers with their own RoPE bases, linear scaling on full layers, q/k norm, sandwich norms,
 embedding scale, query_pre_attn_scalar, final soft-capping; its config also sets
@@ -26,8 +26,8 @@ pytest.importorskip("transformers")
 from jaxspec.cache import KVCache  # noqa: E402
 from jaxspec.checkpoints.hf import read_hf  # noqa: E402
 from jaxspec import models  # noqa: E402
-from hf_tiny import FAMILIES, TOKENS, write_tiny  # noqa: E402  (tiny_hf fixture: conftest)
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.hf_tiny import FAMILIES, TOKENS, write_tiny  # noqa: E402  (tiny_hf fixture: conftest)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 ATOL = 1e-4
 

@@ -19,7 +19,7 @@ import pytest
 import jaxspec
 from jaxspec.cache import KVCache
 from jaxspec import models
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 DATA = pathlib.Path(__file__).parent / "data" / "gemma3_reference_logits.npz"
 ATOL = 2e-3

@@ -17,7 +17,7 @@ import jaxspec.api
 from jaxspec import acceptance, engine
 from jaxspec.drafters.base import Committed, Prefill
 from jaxspec.tree import Proposal, Tree
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 # ------------------------------------------------------------------ the window is Fig. 2(b)'s mask
 

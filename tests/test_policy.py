@@ -61,11 +61,7 @@ def jax_backend() -> str:
 def test_batch_sweep_picks_the_limit_and_mixes_categories():
     """``benchmarks/batch_sweep.py``: the limit is the largest batch up to which every measured
     size was faster than plain; questions come round-robin over the categories."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    import batch_sweep
+    from benchmarks import batch_sweep
 
     assert batch_sweep.policy_limit({1: 1.14, 2: 0.98, 4: 1.02}) == 1
     assert batch_sweep.policy_limit({1: 0.9, 2: 1.1}) is None

@@ -22,7 +22,7 @@ from jaxspec import stopping
 from jaxspec.cache import KVCache
 from jaxspec import models
 from jaxspec.tokenizer import Tokenizer
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 # 64 tokens in GPT-2's byte alphabet (Ġ = space, Ċ = newline), no merges: decode-only.
 TOKENS = (list("abcdefghijklmnopqrstuvwxyz") + ["Ġ", ",", ".", "Ċ"] + list("0123456789")

@@ -7,7 +7,7 @@ checkpoint restores onto the mesh; two processes joined by ``jax.distributed`` g
 tokens of one; bad meshes fail before any compile.
 
 The device count is fixed when JAX starts, so the runs happen in subprocesses
-(``tests/sharded_cases.py``, which prints JSON); tests here assert on that JSON. Tokens must
+(``tests/support/sharded_cases.py``, which prints JSON); tests here assert on that JSON. Tokens must
 be equal, not close: the sharded target sums partial matmuls in another order, which moves
 float32 logits by ulps, and an argmax or a sampled token flips only at a near tie, which these
 fixed seeds and models do not hit (the unsharded run is the reference, as for invariant 1).
@@ -26,6 +26,8 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from support.ci import core  # tests/support/ci.py: the cases CI runs
+from support.sharded_cases import CASES, EXPLICIT_CASE, MULTI_CASES, ORBAX_CASE
 
 import jaxspec
 from jaxspec import launch, sharding
@@ -33,9 +35,6 @@ from jaxspec.checkpoints import names, orbax_io
 from jaxspec.models import axes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from sharded_cases import CASES, EXPLICIT_CASE, MULTI_CASES, ORBAX_CASE  # noqa: E402
-from ci import core  # noqa: E402  (tests/ci.py: the cases CI runs)
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
        "JAX_PLATFORMS": "cpu"}
@@ -54,7 +53,7 @@ def checkpoint(tmp_path_factory) -> str:
 
 # CI's cases: plain decoding on 1x8, the n-gram chain and the draft model (a chain split over
 # `model`, a tree on 2x4) at batch 4, every family switch with logprobs, lookahead and early exit
-# with the gate; the rest (~20-35 s each on 2 cores) are slow (tests/ci.py).
+# with the gate; the rest (~20-35 s each on 2 cores) are slow (tests/support/ci.py).
 CI_CASES = ["1x8-plain-b1", "4x2-ngram-b4", "1x8-model_sharded-b4",
             "2x4-families-logprobs-b4", "2x4-model_tree-b4", "2x4-lookahead-b4", "2x4-early_exit_gated-b4"]
 
@@ -66,7 +65,7 @@ def single(checkpoint, request) -> dict:
     names = sorted(set(CI_CASES) | {item.callspec.params["name"] for item in request.session.items
                                     if item.originalname in ("test_mesh_gives_unsharded_tokens",
                                                              "test_one_program_per_generate")})
-    cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "single", checkpoint, *names]
+    cmd = [sys.executable, os.path.join(HERE, "support", "sharded_cases.py"), "single", checkpoint, *names]
     return _json(subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1800))
 
 
@@ -185,7 +184,7 @@ def test_two_processes_match_one(single, checkpoint):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, os.path.join(HERE, "sharded_cases.py"), "multi", str(port)]
+    cmd = [sys.executable, os.path.join(HERE, "support", "sharded_cases.py"), "multi", str(port)]
     procs = [subprocess.Popen(cmd + [str(rank), checkpoint], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=ENV) for rank in range(2)]
     outs = []
@@ -304,11 +303,10 @@ def test_cli_mesh_flag_and_launch_errors():
 
 
 def test_scaleout_table_arithmetic():
-    """docs/scale_out.md's worked example (Llama-3-8B on v5e-8) from ``benchmarks/scaleout_table.py``:
+    """docs/scale_out.md's worked example (Llama-3-8B on v5e-8) from ``benchmarks/experiments/scaleout_table.py``:
     7.50 B params read per step / 8 chips x 2 bytes + 32 x 2 x 2048 x 128 x 2 bytes of KV,
     at 819 GB/s; Llama-3-70B in bfloat16 does not fit v5e-8's 16 GiB per chip but fits v6e-8."""
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
-    import scaleout_table as t
+    from benchmarks.experiments import scaleout_table as t
 
     l8, l70 = t.MODELS
     v5e, v5p, v6e = t.CHIPS

@@ -11,7 +11,7 @@ import pytest
 
 import jaxspec
 from conftest import smollm2
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, then explain it.",

@@ -15,7 +15,6 @@ import os
 import pkgutil
 import re
 import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -77,28 +76,25 @@ def _allowed_outside(path: str) -> bool:
 
 def test_path_constants_resolve_inside_the_repository():
     """Import every module of ``jaxspec`` and ``benchmarks`` and check each absolute path it
-    defines at module level (e.g. ``spec_bench.QUESTIONS``): inside the repository, and existing
-    when it names a data file the repository ships."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    try:
-        import jaxspec
+    defines at module level (e.g. ``benchmarks.spec_bench.QUESTIONS``): inside the repository, and
+    existing when it names a data file the repository ships."""
+    import benchmarks
+    import jaxspec
 
-        names = [m.name for m in pkgutil.walk_packages(jaxspec.__path__, "jaxspec.") if not m.name.endswith("__main__")]
-        # Python sources only: the CPU kernel's shared library is found as a module but is loaded with ctypes
-        names = [n for n in names if (importlib.util.find_spec(n).origin or "").endswith(".py")]
-        modules = [jaxspec] + [importlib.import_module(n) for n in names]
-        bench = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "benchmarks")) if f.endswith(".py"))
-        modules += [importlib.import_module(b) for b in bench]
-    finally:
-        sys.path.remove(os.path.join(ROOT, "benchmarks"))
+    names = [m.name for pkg in (jaxspec, benchmarks)
+             for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".") if not m.name.endswith("__main__")]
+    # Python sources only: the CPU kernel's shared library is found as a module but is loaded with ctypes
+    names = [n for n in names if (importlib.util.find_spec(n).origin or "").endswith(".py")]
+    modules = [jaxspec, benchmarks] + [importlib.import_module(n) for n in names]
+    assert "benchmarks.experiments.head_confidence" in {m.__name__ for m in modules}  # the walk reaches subpackages
     found = [c for m in modules for c in _module_paths(m)]
     names = {n for n, _ in found}
-    assert "spec_bench.QUESTIONS" in names  # the constant issue-prone before: it is checked
+    assert "benchmarks.spec_bench.QUESTIONS" in names  # the constant issue-prone before: it is checked
     root = os.path.realpath(ROOT)
     not_paths = {"jaxspec.compile_cache.HIT_EVENT"}  # a jax.monitoring event name that starts with "/"
     outside = [(n, p) for n, p in found if n not in not_paths and not _allowed_outside(p)
                and not (os.path.realpath(p) + os.sep).startswith(root + os.sep)]
     assert outside == []
-    import spec_bench
+    from benchmarks import spec_bench
 
     assert os.path.isfile(spec_bench.QUESTIONS)

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from ci import core  # tests/ci.py: the cases CI runs (the rest are slow)
+from support.ci import core  # tests/support/ci.py: the cases CI runs (the rest are slow)
 
 PINNED = json.load(open(os.path.join(os.path.dirname(__file__), "data", "pinned_chains.json")))
 
@@ -24,7 +24,7 @@ PINNED_CI = [c for c in PINNED if (c["kind"], c["gamma"]) not in {("ngram", 4), 
                          ids=lambda c: f"{c['kind']}-g{c['gamma']}-{'-'.join(c['settings']) or 'greedy'}")
 def test_chains_give_the_pinned_tokens(tiny, case):
     """The tokens (and drafted/accepted counts) of the chain engine before trees (commit
-    b0ce9ac, ``tests/pin_chains.py``) for the same keys: a chain is the special case.
+    b0ce9ac, ``tests/support/pin_chains.py``) for the same keys: a chain is the special case.
 
     The pinned accepted counts are verification's (drafts accepted, emitted or not); since
     issue 10 part 7 the metric counts only emitted drafts, so a row may report fewer: at most

@@ -18,18 +18,18 @@ OUT = os.path.join(ROOT, "docs", "_generated", "results")
 
 # name -> (results file, kind). The headline results the documentation quotes.
 RESULTS = {
-    "spec_bench_smollm2_quiet": ("benchmarks/results/spec_bench_smollm2_2026-12-02_quiet.json", "spec_bench"),
-    "spec_bench_smollm2_drafters": ("benchmarks/results/spec_bench_smollm2_2026-12-03_drafters.json", "spec_bench"),
-    "spec_bench_smollm2_gate": ("benchmarks/results/spec_bench_smollm2_2026-12-04_gate.json", "spec_bench"),
-    "spec_bench_qwen": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_2026-12-02.json", "spec_bench"),
-    "spec_bench_qwen_gate": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_2026-12-04_gate.json", "spec_bench"),
-    "pass_cost_cpu": ("benchmarks/results/pass_cost_cpu_2026-12-01.json", "pass_cost"),
-    "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2_cpu_2026-12-02.json", "batch_sweep"),
-    "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen_cpu_2026-12-03.json", "batch_sweep"),
-    "batch_sweep_qwen_b2_8_32": ("benchmarks/results/batch_sweep_qwen_cpu_2026-12-03_b2_8_32.json", "batch_sweep"),
-    "batch_sweep_smollm2_heads": ("benchmarks/results/batch_sweep_smollm2_cpu_2026-12-03_heads.json", "batch_sweep"),
-    "accelerator_h200_8b": ("benchmarks/results/accelerator_nvidia-h200_2026-12-04_llama-3.1-8b.json", "accelerator"),
-    "accelerator_h200_1b": ("benchmarks/results/accelerator_nvidia-h200_2026-12-04_llama-3.2-1b.json", "accelerator"),
+    "spec_bench_smollm2_quiet": ("benchmarks/results/spec_bench_smollm2-135m-quiet_cpu_2026-12-02.json", "spec_bench"),
+    "spec_bench_smollm2_drafters": ("benchmarks/results/spec_bench_smollm2-135m-drafters_cpu_2026-12-03.json", "spec_bench"),
+    "spec_bench_smollm2_gate": ("benchmarks/results/spec_bench_smollm2-135m-gate_cpu_2026-12-04.json", "spec_bench"),
+    "spec_bench_qwen": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_cpu_2026-12-02.json", "spec_bench"),
+    "spec_bench_qwen_gate": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b-gate_cpu_2026-12-04.json", "spec_bench"),
+    "pass_cost_cpu": ("benchmarks/results/pass_cost_smollm2-135m-gemma3-270m_cpu_2026-12-01.json", "pass_cost"),
+    "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json", "batch_sweep"),
+    "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b_cpu_2026-12-03.json", "batch_sweep"),
+    "batch_sweep_qwen_b2_8_32": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b-b2-8-32_cpu_2026-12-03.json", "batch_sweep"),
+    "batch_sweep_smollm2_heads": ("benchmarks/results/batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json", "batch_sweep"),
+    "accelerator_h200_8b": ("benchmarks/results/accelerator_llama-3.1-8b_nvidia-h200_2026-12-04.json", "accelerator"),
+    "accelerator_h200_1b": ("benchmarks/results/accelerator_llama-3.2-1b_nvidia-h200_2026-12-04.json", "accelerator"),
 }
 
 
@@ -38,10 +38,19 @@ def _f(x, spec=".2f", suffix=""):
 
 
 def _command(cmd: str) -> str:
-    """The command as a reader would type it (the interpreter's absolute path dropped)."""
-    words = cmd.split()
-    if words and words[0].endswith(("python", "python3")) and "/" in words[0]:
-        words = ["PYTHONPATH=.", "python"] + words[1:]
+    """The command as a reader would type it from the repository root (the interpreter's
+    absolute path dropped). Runs recorded before ``benchmarks`` became a package name the
+    script (``PYTHONPATH=. python benchmarks/spec_bench.py``): the same run is now
+    ``python -m benchmarks.spec_bench`` (``benchmarks.experiments.<name>`` for a script moved there)."""
+    words = [w for w in cmd.split() if w != "PYTHONPATH=."]
+    i = next((i for i, w in enumerate(words) if w.endswith(("python", "python3"))), None)  # after VAR=value words
+    if i is not None:
+        if "/" in words[i]:
+            words[i] = "python"
+        m = re.fullmatch(r"benchmarks/(?:experiments/)?(\w+)\.py", words[i + 1]) if i + 1 < len(words) else None
+        if m:
+            sub = "experiments." if os.path.isfile(os.path.join(ROOT, "benchmarks", "experiments", m[1] + ".py")) else ""
+            words[i + 1:i + 2] = ["-m", f"benchmarks.{sub}{m[1]}"]
     if "--out" in words:  # where that run wrote its file; the default is benchmarks/results/
         i = words.index("--out")
         del words[i:i + 2]
@@ -143,10 +152,10 @@ def _write(out: str, text: str) -> None:
 
 
 def scaleout() -> str:
-    """The per-chip cost of a verify step on TPU slices: arithmetic, ``benchmarks/scaleout_table.py``."""
+    """The per-chip cost of a verify step on TPU slices: arithmetic, ``benchmarks/experiments/scaleout_table.py``."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("scaleout_table", os.path.join(ROOT, "benchmarks", "scaleout_table.py"))
+    spec = importlib.util.spec_from_file_location("scaleout_table", os.path.join(ROOT, "benchmarks", "experiments", "scaleout_table.py"))
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)

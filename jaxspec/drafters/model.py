@@ -117,9 +117,9 @@ def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
 # A draft model's chain stops below this cumulative draft probability unless told otherwise
 # (Hugging Face's assisted generation defaults to 0.4). Measured on Qwen2.5-Coder-1.5B with its
 # 0.5B draft, gamma 4, batch 1, greedy: 0.86x -> 0.92x our plain on 16 mixed Spec-Bench questions
-# (C 0.5 the same; benchmarks/results/batch_sweep_qwen_cpu_2026-12-03_confidence.json) and
+# (C 0.5 the same; benchmarks/results/batch_sweep_qwen2.5-coder-1.5b-confidence_cpu_2026-12-03.json) and
 # 1.24x -> 1.24x on the coding and HumanEval prompts (C 0.5: 1.22x;
-# spec_bench_qwen2.5-coder-1.5b_2026-12-03_code_confidence.json): it saves draft forwards and
+# spec_bench_qwen2.5-coder-1.5b-code-confidence_cpu_2026-12-03.json): it saves draft forwards and
 # verify width where a draft would be rejected and costs nothing where drafts are accepted.
 DEFAULT_CONFIDENCE = 0.3
 

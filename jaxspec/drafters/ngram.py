@@ -28,13 +28,14 @@ written down:
   16-31 (copying). So a match that extends over ``long_match`` tokens drafts ``gamma``, any
   other ``short_gamma``, and the engine verifies windows of either size: long drafts where
   the text is being copied (code edits, extraction), short and cheap ones elsewhere
-  (``benchmarks/ngram_replay.py`` replays the policies over recorded outputs);
+  (``benchmarks/experiments/ngram_replay.py`` replays the policies over recorded outputs);
 - a tree with adaptive depth drafts ``branches`` short branches when no match is copying,
   but only the copying match, as one chain of ``gamma``, when one is: the other matches'
   branches would add ``(branches - 1) * gamma`` nodes to every verify while the text is
   copied (a 33-token verify instead of 17 for 2 x 16; on SmolLM2 on CPU a 33-token pass
   costs 1.4x a 17-token one after 200 committed tokens and 1.2x after 830,
-  ``benchmarks/results/pass_cost_cpu_2026-12-01.json``, ``..._2026-12-04_1024slots.json``)
+  ``benchmarks/results/pass_cost_smollm2-135m-gemma3-270m_cpu_2026-12-01.json``,
+  ``pass_cost_smollm2-135m-1024slots_cpu_2026-12-04.json``)
   for drafts that the copied one almost always beats. The node budget is then ``max(gamma, branches *
   short_gamma)``;
 - a match other than the best drafts a branch only when its n-gram is at least
@@ -42,7 +43,7 @@ written down:
   path, a second branch of 4 from a 2-gram match raised the accepted length of a step by
   0.25 tokens on average (213 steps), from a 3-gram match by 0.46 (101 steps), while its 4
   nodes cost about 0.3 tokens' worth (a 9-token pass costs 1.2x a 5-token one on CPU, at
-  about 1.45 tokens a step); ``benchmarks/ngram_replay.py`` estimates 1-2% over branching
+  about 1.45 tokens a step); ``benchmarks/experiments/ngram_replay.py`` estimates 1-2% over branching
   from every match. Matches are ranked by size, so the branches kept are the first ones.
 
 Deterministic: ``q`` is ``None`` (acceptance treats every node as a one-hot proposal, which
