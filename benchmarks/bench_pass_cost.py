@@ -33,7 +33,7 @@ WIDTHS = (1, 2, 5, 9, 17, 33, 65)
 
 
 def _switch_prefix() -> str:
-    """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set (the kernel is opt-in)."""
+    """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set in the environment."""
     v = os.environ.get("JAXSPEC_CPU_KERNEL")
     return "" if v is None else f"JAXSPEC_CPU_KERNEL={v} "
 
@@ -61,8 +61,8 @@ def main(argv=None) -> int:
     from jaxspec.cache import KVCache
     from jaxspec.kernels import cpu_matmul
 
-    # whether the weights' dtype takes the kernel (JAXSPEC_CPU_KERNEL: auto = bfloat16 only, 1 = float32 too)
-    kernel = jax.default_backend() == "cpu" and cpu_matmul.active(jnp.dtype(args.dtype or "float32"))
+    # whether weight products take the kernel (JAXSPEC_CPU_KERNEL unset or 1; 0: XLA's dot)
+    kernel = jax.default_backend() == "cpu" and cpu_matmul.active()
     variants = {"both": ("", "/xla"), "on": ("",), "off": ("/xla",)}[args.kernel if kernel else "on"]
     load_before = os.getloadavg()
     results = {}
@@ -74,8 +74,10 @@ def main(argv=None) -> int:
             mask = models.TreeMask(start, visible, positions)
             return models.forward(params, cfg, tokens, positions, cache, write_at=start, mask=mask).logits
 
-        # two function objects: jax.jit caches traces per function, and `off` must trace apart
-        on, off = jax.jit(verify_fn), jax.jit(lambda *a: verify_fn(*a))
+        # two function objects: jax.jit caches traces per function, and `off` must trace apart;
+        # `on` compiled with the options jaxspec compiles its programs with (cpu_matmul.compiler_options)
+        on = jax.jit(verify_fn, compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
+        off = jax.jit(lambda *a: verify_fn(*a))
 
         def xla_verify(*a):  # traced (on the first call) with XLA's dot; compiled once, like `on`
             with cpu_matmul.disabled():

@@ -76,7 +76,7 @@ def _libraries(args, mats):
 
 
 def _switch_prefix() -> str:
-    """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set (the kernel is opt-in)."""
+    """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set in the environment."""
     v = os.environ.get("JAXSPEC_CPU_KERNEL")
     return "" if v is None else f"JAXSPEC_CPU_KERNEL={v} "
 

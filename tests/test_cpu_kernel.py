@@ -21,6 +21,7 @@ from jaxspec import models
 from jaxspec.cache import KVCache
 from jaxspec.kernels import cpu_matmul
 from jaxspec.models import linear as linear_mod
+from conftest import smollm2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 U = 2.0**-24  # float32 unit roundoff
@@ -32,8 +33,8 @@ DTYPES = [jnp.float32, jnp.bfloat16]
 
 @pytest.fixture(autouse=True, scope="module")
 def kernel_on():
-    """The kernel is opt-in (``JAXSPEC_CPU_KERNEL=1``): this module switches it on, then restores
-    the process's decision. Skipped where the library was not built."""
+    """The kernel on (``JAXSPEC_CPU_KERNEL=1``, the default, also where the environment says
+    ``0``), then the process's decision restored. Skipped where the library was not built."""
     mp = pytest.MonkeyPatch()
     mp.setenv(cpu_matmul.ENV_SWITCH, "1")
     mp.setattr(cpu_matmul, "_state", {})
@@ -123,6 +124,32 @@ def test_linear_gradients_match_plain_dots():
             np.testing.assert_allclose(np.asarray(g), np.asarray(h), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("wdtype", DTYPES)
+def test_linears_bitwise_equal_separate_products(wdtype):
+    """linears (one kernel call for several weights sharing x, split over threads together)
+    gives each product bitwise as linear does alone, for every T; its gradients are those of
+    the separate dots. Shapes: a threaded call (K 600, columns 300 + 37 + 256) with odd N."""
+    x, _ = _operands(600, 8, 16, jnp.float32, seed=4)
+    ws = [jnp.asarray(np.random.default_rng(i).standard_normal((600, n), np.float32)).astype(wdtype)
+          for i, n in enumerate((300, 37, 256))]
+    assert linear_mod.kernel_applies(jnp.asarray(x), ws[0])
+    many, one = jax.jit(linear_mod.linears), jax.jit(linear_mod.linear)
+    for t in (1, 5, 16):
+        xt = jnp.asarray(x[:t])
+        for got, w in zip(many(xt, ws), ws):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(one(xt, w)), err_msg=f"T={t}")
+
+    def loss(x, ws, f):
+        return sum(jnp.sum(jnp.tanh(y)) for y in f(x, ws))
+
+    xt = jnp.asarray(x[:4])
+    got = jax.grad(functools.partial(loss, f=linear_mod.linears), argnums=(0, 1))(xt, ws)
+    want = jax.grad(functools.partial(loss, f=lambda x, ws: [linear_mod.linear(x, w) for w in ws]), argnums=(0, 1))(xt, ws)
+    for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert np.abs(np.asarray(h, np.float32)).max() > 0
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(h, np.float32), rtol=1e-5, atol=1e-6)
+
+
 TINY = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
                            max_position=512, name="tiny-kernel")
 
@@ -147,6 +174,37 @@ def test_window_logits_bitwise_equal_one_token_passes(dtype):
         c = out.cache
     for t in (2, 5, 8):
         np.testing.assert_array_equal(np.asarray(run(8, t, cache).logits[0]), np.stack(ones[:t]), err_msg=f"T={t}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_window_logits_bitwise_equal_one_token_passes(dtype):
+    """The real SmolLM2-135M, compiled as jaxspec compiles its programs (``compiler_options``):
+    logits of positions 16..31 scored one token at a time equal, bit for bit, the same positions
+    inside a T-token verify window (T = 2, 5, 8, 16) over the same cache, in float32 and in
+    bfloat16 (weights, activations and cache)."""
+    base = smollm2()
+    model = base if dtype == "float32" else jaxspec.load("smollm2-135m", dtype=dtype)
+    cfg = model.config
+    # XLA's defaults for the two compile-speed flags conftest.py sets for the suite (with both,
+    # XLA:CPU's unoptimized reductions are not row-invariant): what a user's program compiles to
+    options = {**cpu_matmul.compiler_options(jax.default_backend()), "xla_backend_optimization_level": 3,
+               "xla_cpu_use_fusion_emitters": True}
+    fwd = jax.jit(lambda p, *a: models.forward(p, cfg, *a), compiler_options=options)
+    seq = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 32)).astype(np.int32)
+
+    def run(start, t, cache):
+        pos = jnp.asarray(start + np.arange(t, dtype=np.int32)[None])
+        return fwd(model.params, jnp.asarray(seq[:, start : start + t]), pos, cache)
+
+    cache = run(0, 16, KVCache.zeros(cfg, 1, 64, model.params["embed"].dtype)).cache
+    ones, c = [], cache
+    for j in range(16, 32):
+        out = run(j, 1, c)
+        ones.append(np.asarray(out.logits[0, 0], np.float32))
+        c = out.cache
+    for t in (2, 5, 8, 16):
+        np.testing.assert_array_equal(np.asarray(run(16, t, cache).logits[0], np.float32), np.stack(ones[:t]),
+                                      err_msg=f"{dtype} T={t}")
 
 
 def test_missing_library_warns_once_and_falls_back(monkeypatch):
@@ -174,16 +232,19 @@ def test_switch_off_in_a_fresh_process():
     assert out.stdout.strip() == "False XLA dot (JAXSPEC_CPU_KERNEL=0)"
 
 
-def test_default_runs_bfloat16_weights_only(monkeypatch):
-    """Unset (``auto``): bfloat16 weights take the kernel, float32 weights XLA's dot (measured:
-    the kernel made SmolLM2's bfloat16 pass 4.4x faster and its float32 1-token pass slower);
-    ``1`` takes it for both; another value is refused naming the variable."""
+def test_default_is_on_for_both_dtypes(monkeypatch):
+    """Unset: the kernel takes float32 and bfloat16 weights (measured: SmolLM2's float32 1-token
+    pass a little faster, its 2-5-token verify passes much cheaper, bfloat16 several times
+    faster than with XLA's dot); ``0`` switches it off; another value is refused naming the
+    variable and its values."""
     monkeypatch.delenv(cpu_matmul.ENV_SWITCH)
-    assert cpu_matmul.mode() == "auto"
-    assert cpu_matmul.active(jnp.bfloat16) and not cpu_matmul.active(jnp.float32)
-    assert cpu_matmul.describe().endswith("for bfloat16 weights, XLA dot for float32")
-    monkeypatch.setenv(cpu_matmul.ENV_SWITCH, "1")
-    assert cpu_matmul.active(jnp.bfloat16) and cpu_matmul.active(jnp.float32)
-    monkeypatch.setenv(cpu_matmul.ENV_SWITCH, "yes")
-    with pytest.raises(ValueError, match="JAXSPEC_CPU_KERNEL must be auto, 1 or 0, got 'yes'"):
+    assert cpu_matmul.mode() == "on" and cpu_matmul.active()
+    assert cpu_matmul.describe() in ("jaxspec cpu kernel (avx2)", "jaxspec cpu kernel (portable)")
+    x, w = _operands(13, 37, 3, jnp.float32)
+    assert linear_mod.kernel_applies(jnp.asarray(x), w) and linear_mod.kernel_applies(jnp.asarray(x), w.astype(jnp.bfloat16))
+    monkeypatch.setenv(cpu_matmul.ENV_SWITCH, "0")
+    assert cpu_matmul.mode() == "off" and not cpu_matmul.active()
+    assert not linear_mod.kernel_applies(jnp.asarray(x), w)
+    monkeypatch.setenv(cpu_matmul.ENV_SWITCH, "auto")
+    with pytest.raises(ValueError, match="JAXSPEC_CPU_KERNEL must be 1 or 0, got 'auto'"):
         cpu_matmul.mode()

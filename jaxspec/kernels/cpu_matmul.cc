@@ -1,40 +1,51 @@
 // Small-T matrix products for XLA:CPU, as XLA FFI custom calls.
 //
-//   kn:  y[T, N] = x[T, K] @ W[K, N]        (jaxspec's params layout, W row-major [in, out])
+//   kn:  y_i[T, N_i] = x[T, K] @ W_i[K, N_i], i = 1..M  (jaxspec's params layout, W row-major
+//        [in, out]; several weights that share x, e.g. q/k/v or gate/up, in one call)
 //   nk:  y[T, N] = x[T, K] @ E[N, K]^T      (a tied embedding table used as the output head)
 //
 // x and y are float32; W / E are float32 or bfloat16 (widened to float32 on load); the sums
 // are float32. T is meant to be small (1..16 rows: decode and speculative verify windows).
 //
 // Method. The products are memory-bound at these T: the cost is reading the weights once.
-// kn: each thread owns a range of output columns (two ranges per pool thread); it walks W in
-// blocks of 8 rows k0 .. k0+7, and for each 8-column vector loads the 8 W vectors once (8
-// long contiguous row streams that the hardware prefetcher follows: the row-segment walk of
-// XLA:CPU's tiled GEMV) and applies them to every x row, so W leaves memory once whatever T;
-// y's T rows of the range stay in cache between row blocks. bfloat16 weights are widened on
-// load (a 16-bit shift). nk: each thread owns a range of E rows, in groups of 16 (16 x K
-// values stay in L1/L2 while every block of 3 x rows passes over them), with a register block
-// of 3 x rows by 4 E rows (12 AVX2 accumulators). The blocking follows Goto & van de Geijn
-// 2008, "Anatomy of High-Performance Matrix Multiplication", cut down to the GEMV-like case.
+// kn: each weight is cut into k pieces, contiguous blocks of W's rows (their number a function
+// of the weight's shape only), shared by the threads, so a thread streams one contiguous region
+// of memory. A piece walks W in blocks of 8 rows; each block is streamed whole (full rows, or
+// panels of kPanelMax columns for wide W so that y's T rows of a panel stay in L2) and applied
+// kL1Cols columns at a time: for each x row t the 8 values x[t, k0..k0+7] are broadcast into
+// registers and the columns pass by 32 at a time (4 vector accumulators, W as memory operands).
+// W leaves memory for t = 0 and is re-read from L1 for t > 0, so it is read from memory once
+// whatever T. bfloat16 weights are widened on load (a 16-bit shift). nk: each thread owns a
+// range of E rows, in groups of 16 (16 x K values stay in L1/L2 while every block of 3 x rows
+// passes over them), with a register block of 3 x rows by 4 E rows (12 AVX2 accumulators), or
+// 1 x row by 8 E rows for T = 1, and a software prefetch of the next E rows. The blocking
+// follows Goto & van de Geijn 2008, "Anatomy of High-Performance Matrix Multiplication", cut
+// down to the GEMV-like case.
 //
-// Row invariance. Every y[t, n] is one sequential chain over k = 0 .. K-1 (kn: y = fma(x, w,
-// y), starting from 0; partial sums of a k block go to y and come back unchanged), whatever T,
-// t, the column range or the thread that computes it; nk keeps 8 lane sums over k = l mod 8, adds
-// them in a fixed tree and then the K mod 8 tail in order. So row t of a T-row product is
-// bitwise the 1-row product of x[t]. The file is compiled with -ffp-contract=off so that the
-// portable path's a + b * c is not fused in some instantiations and not others.
+// Row invariance. kn: every y[t, n] is ((P_1 + P_2) + ...) + P_c, P_j one sequential chain
+// over piece j's k (P = fma(x, w, P), starting from 0; partial sums of a k block go to memory
+// and come back unchanged), whatever T, t, the other weights in the call or the thread that
+// computes a piece; nk keeps 8 lane sums over k = l mod 8, adds them in a fixed tree and then
+// the K mod 8 tail in order, whatever the register block. So row t of a T-row product is bitwise the 1-row product of x[t]. The
+// file is compiled with -ffp-contract=off so that the portable path's a + b * c is not fused
+// in some instantiations and not others.
 //
 // Threads: XLA's intra-op thread pool, handed to the handler by the FFI (ffi::ThreadPool);
 // the calling thread works too, and claims chunks until none are left, so the call finishes
-// even when no pool thread ever runs a task.
+// even when no pool thread ever runs a task. It then waits for chunks other threads claimed,
+// spinning (yielding the core) for at most kSpinMicros before it sleeps: a product takes tens
+// of microseconds, and waking a sleeping thread costs about as much (measured: 11 us per call
+// with a sleeping wait, 3 us spinning, on a 64 x 64 product).
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -48,10 +59,15 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kPanelMax = 8192;   // columns per panel (kn): y's T rows of it stay in L2
+constexpr int64_t kPanelMax = 2048;   // columns per panel (kn): y's T rows and 8 W rows stay in L2
+constexpr int64_t kL1Cols = 256;      // columns of an 8-row W block applied to all x rows at once
+constexpr int64_t kStep = 32;         // kn columns per register step (4 AVX2 vectors; 8 spill: measured no faster)
 constexpr int64_t kNkRows = 3;        // x rows per register block (nk)
 constexpr int64_t kNkCols = 4;        // E rows (outputs) per register block (nk)
-constexpr int64_t kSerialBelow = 1 << 15;  // K * N under which one thread does it all
+constexpr int64_t kSerialBelow = 1 << 15;  // K * sum(N) under which one thread does it all
+constexpr int64_t kSpinMicros = 100;
+constexpr int64_t kPieceElems = 1 << 16;  // kn: weights per k piece, at least
+constexpr int64_t kMaxPieces = 8;         // kn: k pieces per weight, at most       // how long the caller spins for other threads' chunks
 
 inline float bf16_to_f32(uint16_t v) {
   uint32_t u = static_cast<uint32_t>(v) << 16;
@@ -61,12 +77,23 @@ inline float bf16_to_f32(uint16_t v) {
 }
 
 struct Problem {
-  const float* x;
-  const void* w;
-  float* y;
+  const float* x;  // [t, k], rows ldx apart
+  const void* w;   // kn: [k, n]; nk: [n, k]
+  float* y;        // [t, n]
   int64_t t, k, n;
   bool bf16;
+  int64_t ldx;
 };
+
+// kn: rows [k0, k1) of W (and columns [k0, k1) of x), summed into `out` [t, n]: one k piece.
+Problem kn_piece(const Problem& p, int64_t k0, int64_t k1, float* out) {
+  Problem q = p;
+  q.x = p.x + k0;
+  q.w = static_cast<const char*>(p.w) + k0 * p.n * (p.bf16 ? 2 : 4);
+  q.k = k1 - k0;
+  q.y = out;
+  return q;
+}
 
 // ---------------------------------------------------------------------------------------------
 // kn: for each block of 8 rows of W (k0 .. k0+7) and each 8-column vector c of the thread's
@@ -87,7 +114,7 @@ void kn_block_portable(const Problem& p, int64_t k0, int64_t c0, int64_t c1) {
       }
     for (int64_t t = 0; t < p.t; ++t) {
       float* y = p.y + t * p.n + c;
-      const float* x = p.x + t * p.k + k0;
+      const float* x = p.x + t * p.ldx + k0;
       for (int64_t l = 0; l < lanes; ++l) {
         float acc = k0 == 0 ? 0.0f : y[l];
         for (int64_t j = 0; j < kb; ++j) acc = acc + x[j] * w[j][l];
@@ -107,9 +134,10 @@ __attribute__((target("avx2,fma"))) inline __m256 load_w8(const void* w, int64_t
   return _mm256_loadu_ps(static_cast<const float*>(w) + i);
 }
 
-// KB: the rows in this k block (8, or the K mod 8 tail).
+// The columns [c0, c1) one 8-column vector at a time (the < kStep columns left at the end of a
+// chunk). KB: the rows in this k block (8, or the K mod 8 tail).
 template <int KB, bool BF16>
-__attribute__((target("avx2,fma"))) void kn_block_avx2_t(const Problem& p, int64_t k0, int64_t c0, int64_t c1) {
+__attribute__((target("avx2,fma"))) void kn_block_avx2_vectors(const Problem& p, int64_t k0, int64_t c0, int64_t c1) {
   const bool first = k0 == 0;
   int64_t c = c0;
   for (; c + 8 <= c1; c += 8) {
@@ -117,7 +145,7 @@ __attribute__((target("avx2,fma"))) void kn_block_avx2_t(const Problem& p, int64
     for (int j = 0; j < KB; ++j) w[j] = load_w8<BF16>(p.w, (k0 + j) * p.n + c);
     for (int64_t t = 0; t < p.t; ++t) {
       float* y = p.y + t * p.n + c;
-      const float* x = p.x + t * p.k + k0;
+      const float* x = p.x + t * p.ldx + k0;
       __m256 acc = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y);
       for (int j = 0; j < KB; ++j) acc = _mm256_fmadd_ps(_mm256_broadcast_ss(x + j), w[j], acc);
       _mm256_storeu_ps(y, acc);
@@ -136,7 +164,7 @@ __attribute__((target("avx2,fma"))) void kn_block_avx2_t(const Problem& p, int64
     }
     for (int64_t t = 0; t < p.t; ++t) {
       float* y = p.y + t * p.n + c;
-      const float* x = p.x + t * p.k + k0;
+      const float* x = p.x + t * p.ldx + k0;
       alignas(32) float tmp[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (!first)
         for (int64_t l = 0; l < lanes; ++l) tmp[l] = y[l];
@@ -148,12 +176,54 @@ __attribute__((target("avx2,fma"))) void kn_block_avx2_t(const Problem& p, int64
   }
 }
 
+// The columns [c0, c1) in steps of kStep: per x row t, x[t, k0 .. k0+KB) broadcast once into
+// registers, then 4 vector accumulators (4 independent FMA chains) per step, W as memory
+// operands. Each output's chain over k is the same as kn_block_avx2_vectors's.
+// `cols` (a multiple of kStep) columns of y[t] += x[t, 0 .. KB) @ w[0 .. KB, cols] for every
+// x row t: x[t]'s KB values broadcast into registers once, then the columns 32 at a time
+// (4 vector accumulators, W as memory operands). w's rows are ldw apart, y's rows ldy apart.
+template <int KB, bool BF16>
+__attribute__((target("avx2,fma"))) void kn_steps(const float* x, int64_t ldx, int64_t rows, const void* w,
+                                                   int64_t ldw, float* y, int64_t ldy, int64_t cols, bool first) {
+  for (int64_t t = 0; t < rows; ++t, x += ldx, y += ldy) {
+    __m256 xb[KB];
+    for (int j = 0; j < KB; ++j) xb[j] = _mm256_broadcast_ss(x + j);
+    for (int64_t c = 0; c < cols; c += kStep) {
+      __m256 a[4];
+      for (int v = 0; v < 4; ++v) a[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + c + 8 * v);
+      for (int j = 0; j < KB; ++j)
+        for (int v = 0; v < 4; ++v) a[v] = _mm256_fmadd_ps(xb[j], load_w8<BF16>(w, j * ldw + c + 8 * v), a[v]);
+      for (int v = 0; v < 4; ++v) _mm256_storeu_ps(y + c + 8 * v, a[v]);
+    }
+  }
+}
+
+// The block of rows [k0, k0 + KB) of W applied to columns [c0, c1) of every y row. bfloat16
+// weights with several x rows are widened once into an L1 buffer (exact), not once per row.
+// Each output's chain over k is the same either way.
+template <int KB, bool BF16>
+__attribute__((target("avx2,fma"))) void kn_block_avx2_steps(const Problem& p, int64_t k0, int64_t c0, int64_t c1) {
+  const int64_t cs = c0 + std::min<int64_t>((c1 - c0) / kStep * kStep, kL1Cols);
+  const float* x = p.x + k0;
+  float* y = p.y + c0;
+  if (BF16 && p.t > 1) {
+    alignas(32) float wide[KB][kL1Cols];
+    for (int j = 0; j < KB; ++j)
+      for (int64_t c = c0; c < cs; c += 8) _mm256_store_ps(&wide[j][c - c0], load_w8<true>(p.w, (k0 + j) * p.n + c));
+    kn_steps<KB, false>(x, p.ldx, p.t, wide, kL1Cols, y, p.n, cs - c0, k0 == 0);
+  } else {
+    const void* w = static_cast<const char*>(p.w) + (k0 * p.n + c0) * (BF16 ? 2 : 4);
+    kn_steps<KB, BF16>(x, p.ldx, p.t, w, p.n, y, p.n, cs - c0, k0 == 0);
+  }
+  if (cs < c1) kn_block_avx2_vectors<KB, BF16>(p, k0, cs, c1);
+}
+
 template <int KB>
 void kn_block_avx2(const Problem& p, int64_t k0, int64_t c0, int64_t c1) {
   if (p.bf16)
-    kn_block_avx2_t<KB, true>(p, k0, c0, c1);
+    kn_block_avx2_steps<KB, true>(p, k0, c0, c1);
   else
-    kn_block_avx2_t<KB, false>(p, k0, c0, c1);
+    kn_block_avx2_steps<KB, false>(p, k0, c0, c1);
 }
 #endif
 
@@ -170,11 +240,15 @@ void kn_columns(const Problem& p, int64_t c0, int64_t c1, bool avx2) {
     tail = kTails[p.k % 8];
   }
 #endif
+  // Panels of kPanelMax columns (y's T rows of one stay in L2); in a panel, each block of 8 W
+  // rows is streamed whole and applied kL1Cols columns at a time (8 x kL1Cols W values stay in
+  // L1 while every x row passes over them).
   for (int64_t n0 = c0; n0 < c1; n0 += kPanelMax) {
     const int64_t n1 = std::min(c1, n0 + kPanelMax);
-    int64_t k0 = 0;
-    for (; k0 + 8 <= p.k; k0 += 8) full(p, k0, n0, n1);
-    if (k0 < p.k) tail(p, k0, n0, n1);
+    for (int64_t k0 = 0; k0 < p.k; k0 += 8) {
+      const KnBlock block = k0 + 8 <= p.k ? full : tail;
+      for (int64_t m0 = n0; m0 < n1; m0 += kL1Cols) block(p, k0, m0, std::min(n1, m0 + kL1Cols));
+    }
   }
 }
 
@@ -224,6 +298,9 @@ __attribute__((target("avx2,fma"))) void nk_micro_avx2_t(const Problem& p, int64
   for (int64_t k = 0; k < k8; k += 8) {
     __m256 wv[NB];
     for (int j = 0; j < NB; ++j) wv[j] = load_w8<BF16>(p.w, (n0 + j) * p.k + k);
+    if ((k & 15) == 0)  // the next NB rows of E, a 64-byte line ahead of use (measured: T = 5 -20%)
+      for (int j = 0; j < NB; ++j)
+        _mm_prefetch(static_cast<const char*>(p.w) + ((n0 + NB + j) * p.k + k) * (BF16 ? 2 : 4), _MM_HINT_T0);
     for (int t = 0; t < TB; ++t) {
       const __m256 xv = _mm256_loadu_ps(p.x + (t0 + t) * p.k + k);
       for (int j = 0; j < NB; ++j) acc[t][j] = _mm256_fmadd_ps(xv, wv[j], acc[t][j]);
@@ -290,7 +367,12 @@ void nk_outputs(const Problem& p, int64_t r0, int64_t r1, bool avx2) {
     const int64_t g1 = std::min(g + kGroup, r1);
     for (int64_t t0 = 0; t0 < p.t; t0 += kNkRows) {
       const int64_t tb = std::min(kNkRows, p.t - t0);
-      for (int64_t n = g; n < g1; n += kNkCols) table[tb - 1][std::min(kNkCols, g1 - n) - 1](p, t0, n);
+      int64_t n = g;
+#ifdef JAXSPEC_X86
+      if (tb == 1 && avx2)  // one x row: 8 E rows per register block (8 independent chains)
+        for (; n + 8 <= g1; n += 8) (p.bf16 ? nk_micro_avx2_t<1, 8, true> : nk_micro_avx2_t<1, 8, false>)(p, t0, n);
+#endif
+      for (; n < g1; n += kNkCols) table[tb - 1][std::min(kNkCols, g1 - n) - 1](p, t0, n);
     }
   }
 }
@@ -301,14 +383,17 @@ void nk_outputs(const Problem& p, int64_t r0, int64_t r1, bool avx2) {
 
 struct Shared {
   std::atomic<int64_t> next{0};
-  int64_t done = 0;
+  std::atomic<int64_t> done{0};
   std::mutex mu;
   std::condition_variable cv;
 };
 
 template <class Fn>
 void parallel_chunks(ffi::ThreadPool& pool, int64_t chunks, const Fn& fn) {
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), chunks - 1);
+  // The calling thread works too: pool.num_threads() - 1 helpers keep one worker per pool
+  // thread (measured: num_threads helpers, i.e. one more runnable thread than cores, made a
+  // SmolLM2-sized pass 40% slower).
+  const int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, chunks - 1);
   if (helpers <= 0) {
     for (int64_t i = 0; i < chunks; ++i) fn(i);
     return;
@@ -319,16 +404,22 @@ void parallel_chunks(ffi::ThreadPool& pool, int64_t chunks, const Fn& fn) {
   auto work = [shared, chunks, &fn]() {
     int64_t mine = 0;
     for (int64_t i; (i = shared->next.fetch_add(1)) < chunks; ++mine) fn(i);
-    if (mine) {
-      std::lock_guard<std::mutex> lock(shared->mu);
-      shared->done += mine;
-      if (shared->done == chunks) shared->cv.notify_all();
+    if (mine && shared->done.fetch_add(mine) + mine == chunks) {
+      std::lock_guard<std::mutex> lock(shared->mu);  // the caller checks `done` under mu before it sleeps
+      shared->cv.notify_all();
     }
   };
   for (int64_t h = 0; h < helpers; ++h) pool.Schedule(decltype(work)(work));
   work();
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait(lock, [&] { return shared->done == chunks; });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+  for (int spins = 0; shared->done.load() != chunks; ++spins) {
+    if ((spins & 7) == 7 && std::chrono::steady_clock::now() > until) {
+      std::unique_lock<std::mutex> lock(shared->mu);
+      shared->cv.wait(lock, [&] { return shared->done.load() == chunks; });
+      return;
+    }
+    std::this_thread::yield();  // a pool thread sharing this core gets to finish its chunk
+  }
 }
 
 bool cpu_has_avx2() {
@@ -353,33 +444,66 @@ ffi::Error check_shapes(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& w,
     return ffi::Error::InvalidArgument("jaxspec cpu matmul: shapes do not chain");
   if (w.element_type() != ffi::F32 && w.element_type() != ffi::BF16)
     return ffi::Error::InvalidArgument("jaxspec cpu matmul: weights must be float32 or bfloat16");
-  *p = Problem{x.typed_data(), w.untyped_data(), y->typed_data(), t, k, n, w.element_type() == ffi::BF16};
+  *p = Problem{x.typed_data(), w.untyped_data(), y->typed_data(), t, k, n, w.element_type() == ffi::BF16, k};
   return ffi::Error::Success();
 }
 
-ffi::Error MatmulKN(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
-                    ffi::Result<ffi::Buffer<ffi::F32>> y) {
-  Problem p;
-  if (ffi::Error e = check_shapes(x, w, y, false, &p); e.failure()) return e;
-  if (p.t == 0 || p.n == 0) return ffi::Error::Success();
-  if (p.k == 0) {
-    std::fill(p.y, p.y + p.t * p.n, 0.0f);
-    return ffi::Error::Success();
+// How many k pieces W [k, n] is cut into: a function of the shape only (never of T or of the
+// thread count), so each output's order of sums is the same in every call. A piece is a
+// contiguous block of W's rows, so a thread streams one contiguous region of memory (measured:
+// column ranges, i.e. short row segments, read 15-25% slower at SmolLM2's shapes); pieces are
+// whole 8-row blocks of at least kPieceElems weights, at most kMaxPieces.
+int64_t kn_pieces(int64_t k, int64_t n) {
+  return std::clamp<int64_t>(std::min(k * n / kPieceElems, k / 8), 1, kMaxPieces);
+}
+
+// The weights W_1 .. W_M (args after x) and results y_1 .. y_M, in order: one call for the
+// products that share x (q/k/v, gate/up), so the threads split one larger piece of work.
+// y_i = ((P_i1 + P_i2) + ...) + P_ic, P_ij the sequential FMA chain over W_i's j-th k piece.
+ffi::Error MatmulKN(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::RemainingArgs ws, ffi::RemainingRets ys) {
+  if (ws.size() != ys.size() || ws.size() == 0)
+    return ffi::Error::InvalidArgument("jaxspec cpu matmul: one result per weight, at least one weight");
+  std::vector<Problem> problems(ws.size());
+  for (size_t i = 0; i < ws.size(); ++i) {
+    auto w = ws.get<ffi::AnyBuffer>(i);
+    auto y = ys.get<ffi::Buffer<ffi::F32>>(i);
+    if (w.has_error()) return w.error();
+    if (y.has_error()) return y.error();
+    if (ffi::Error e = check_shapes(x, *w, *y, false, &problems[i]); e.failure()) return e;
+  }
+  const int64_t t = problems[0].t, k = problems[0].k;
+  if (k == 0)
+    for (const Problem& p : problems) std::fill(p.y, p.y + p.t * p.n, 0.0f);
+  if (t == 0 || k == 0) return ffi::Error::Success();
+  // Pieces: the first of each weight sums into y, the others into scratch, added in order after.
+  int64_t scratch_floats = 0, weights = 0;
+  for (const Problem& p : problems) {
+    scratch_floats += (kn_pieces(k, p.n) - 1) * t * p.n;
+    weights += k * p.n;
+  }
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < scratch_floats) scratch.resize(scratch_floats);
+  std::vector<Problem> pieces;
+  std::vector<float*> owner_y;  // the y each piece belongs to
+  float* next = scratch.data();
+  for (const Problem& p : problems) {
+    const int64_t c = kn_pieces(k, p.n), rows = k / c / 8 * 8;
+    for (int64_t j = 0; j < c; ++j) {
+      pieces.push_back(kn_piece(p, j * rows, j + 1 == c ? k : (j + 1) * rows, j == 0 ? p.y : next));
+      owner_y.push_back(p.y);
+      if (j > 0) next += t * p.n;
+    }
   }
   const bool avx2 = cpu_has_avx2();
-  if (p.k * p.n < kSerialBelow) {
-    kn_columns(p, 0, p.n, avx2);
-    return ffi::Error::Success();
+  auto run = [&](int64_t i) { kn_columns(pieces[i], 0, pieces[i].n, avx2); };
+  if (weights < kSerialBelow) {
+    for (int64_t i = 0; i < static_cast<int64_t>(pieces.size()); ++i) run(i);
+  } else {
+    parallel_chunks(pool, static_cast<int64_t>(pieces.size()), run);
   }
-  // Two chunks per thread, each a multiple of 8 columns: long contiguous row segments of W
-  // (measured: 2 chunks per thread beat 1, 4 and 8 at K 1536, N 8960).
-  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  int64_t panel = (p.n + 2 * threads - 1) / (2 * threads);
-  panel = std::clamp<int64_t>((panel + 7) / 8 * 8, 32, kPanelMax);
-  const int64_t chunks = (p.n + panel - 1) / panel;
-  parallel_chunks(pool, chunks, [&](int64_t i) {
-    kn_columns(p, i * panel, std::min(p.n, (i + 1) * panel), avx2);
-  });
+  for (size_t i = 0; i < pieces.size(); ++i)  // y += P_ij for j = 2 .. c, in order (pieces are in j order)
+    if (float* y = owner_y[i]; y != pieces[i].y)
+      for (int64_t e = 0; e < t * pieces[i].n; ++e) y[e] = y[e] + pieces[i].y[e];
   return ffi::Error::Success();
 }
 
@@ -406,8 +530,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulKN, MatmulKN,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .RemainingArgs()
+                                  .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNK, MatmulNK,
                               ffi::Ffi::Bind()

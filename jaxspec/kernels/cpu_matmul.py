@@ -1,7 +1,8 @@
 """Loader of the CPU small-T matmul kernel (``cpu_matmul.cc``, built by ``pip install -e .``
 into ``jaxspec/kernels/_cpu_matmul<EXT_SUFFIX>``) and its two XLA FFI targets:
 
-* ``matmul_kn(x, w)``: ``x [T, K] float32 @ w [K, N]`` (float32 or bfloat16) -> ``[T, N]`` float32;
+* ``matmul_kn(x, w)``: ``x [T, K] float32 @ w [K, N]`` (float32 or bfloat16) -> ``[T, N]`` float32,
+  and ``matmul_kn_many(x, ws)``: several such products sharing x in one call;
 * ``matmul_nk(x, e)``: ``x [T, K] float32 @ e [N, K]^T`` -> ``[T, N]`` float32 (a tied
   embedding table as the output head).
 
@@ -9,17 +10,15 @@ The library is a plain shared object loaded with ``ctypes`` and registered with
 ``jax.ffi.register_ffi_target`` (the typed XLA FFI needs no Python binding, so no pybind or
 nanobind build dependency). ``enabled()`` loads it once, on first use.
 
-``JAXSPEC_CPU_KERNEL`` chooses where it runs (``mode``): unset or ``auto`` (the default) for
-bfloat16 weights only, ``1`` for float32 and bfloat16 weights, ``0`` never. Measured
-(``docs/cpu_kernel.md``): with bfloat16 weights XLA:CPU's dot first widens W to float32 and
-SmolLM2-135M's 1-token pass took 4.4x longer than with the kernel; with float32 weights the
-kernel reads large matrices once for up to 16 rows, but SmolLM2's 1-token pass ran slower with
-it than with XLA's dot (many small products), so float32 stays on XLA's dot unless asked. Where it
-runs, a verify window's logits are bitwise those of 1-token passes. When asked for, it
-stays off when the library is missing, fails to
-load or register, or gives a wrong 3x5x7 product against numpy (e.g. built against another
-jaxlib), in which case it warns once (the fix: reinstall with ``pip install -e .``) and callers
-use XLA's dot.
+``JAXSPEC_CPU_KERNEL`` switches it (``mode``): unset or ``1`` (the default) on, for float32
+and bfloat16 weights; ``0`` off (XLA's dot everywhere, for an A/B). Measured
+(``docs/cpu_kernel.md``): SmolLM2-135M's float32 1-token pass is a little faster than with
+XLA's dot and a 2- to 5-token verify pass much cheaper; with bfloat16 weights XLA:CPU's dot first
+widens W to float32, and the pass takes several times longer than with the kernel. Where it runs, a
+verify window's products are bitwise those of 1-token passes. When switched on, it stays off
+when the library is missing, fails to load or register, or gives a wrong 3x5x7 product against
+numpy (e.g. built against another jaxlib), in which case it warns once (the fix: reinstall with
+``pip install -e .``) and callers use XLA's dot.
 """
 
 from __future__ import annotations
@@ -76,16 +75,15 @@ def _self_check() -> str | None:
 
 
 def mode() -> str:
-    """``"auto"`` (``JAXSPEC_CPU_KERNEL`` unset or ``auto``: bfloat16 weights only), ``"on"``
-    (``1``: float32 and bfloat16 weights) or ``"off"`` (``0``).
+    """``"on"`` (``JAXSPEC_CPU_KERNEL`` unset or ``1``) or ``"off"`` (``0``).
 
     Raises:
       ValueError: any other value, naming the variable and the values it takes.
     """
-    v = os.environ.get(ENV_SWITCH, "auto").strip().lower()
-    if v not in ("auto", "1", "0"):
-        raise ValueError(f"{ENV_SWITCH} must be auto, 1 or 0, got {v!r}")
-    return {"auto": "auto", "1": "on", "0": "off"}[v]
+    v = os.environ.get(ENV_SWITCH, "1").strip().lower()
+    if v not in ("1", "0"):
+        raise ValueError(f"{ENV_SWITCH} must be 1 or 0, got {v!r}")
+    return {"1": "on", "0": "off"}[v]
 
 
 def enabled(path: str | None = None) -> bool:
@@ -125,44 +123,64 @@ def disabled():
         _local.off = before
 
 
-def active(weight_dtype=jnp.bfloat16) -> bool:
-    """Whether a product with ``weight_dtype`` weights traced now takes the kernel: not inside
-    ``disabled()``, ``mode()`` covers the dtype (``auto``: bfloat16 only), and ``enabled()``."""
-    if getattr(_local, "off", False):
-        return False
-    m = mode()
-    if m == "off" or (m == "auto" and jnp.dtype(weight_dtype) != jnp.dtype(jnp.bfloat16)):
+def active() -> bool:
+    """Whether a product traced now takes the kernel: not inside ``disabled()``, switched on
+    (``mode``) and ``enabled()``."""
+    if getattr(_local, "off", False) or mode() == "off":
         return False
     return enabled()
 
 
 def describe() -> str:
-    """Which path weight products take on CPU: ``"jaxspec cpu kernel (avx2)"`` (``(portable)``;
-    with ``auto``: ``"... for bfloat16 weights, XLA dot for float32"``), or ``"XLA dot"`` with
-    the reason."""
+    """Which path weight products take on CPU: ``"jaxspec cpu kernel (avx2)"`` (or
+    ``(portable)``), or ``"XLA dot"`` with the reason."""
     if enabled():
-        kernel = f"jaxspec cpu kernel ({_state['isa']})"
-        return kernel if mode() == "on" else f"{kernel} for bfloat16 weights, XLA dot for float32"
+        return f"jaxspec cpu kernel ({_state['isa']})"
     return f"XLA dot ({_state['why']})"
 
 
-def _call(kind: str, x: jax.Array, w: jax.Array) -> jax.Array:
+# XLA:CPU's YNNPACK fusions (jaxlib 0.10) run the attention's multi-row dots with a kernel whose
+# order of sums depends on the row count (measured: SmolLM2's logits in an 8-token verify window
+# differed from its 1-token passes by up to 4e-5 in float32, 0.02 in bfloat16, and were bitwise
+# equal with these fusions off); with the weight products on the kernel, turning them off
+# costs nothing measurable (docs/cpu_kernel.md) and leaves XLA's own dot emitter, which is
+# row-invariant at these shapes.
+_ROW_INVARIANT_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def compiler_options(backend: str) -> dict[str, str]:
+    """XLA options for a program jaxspec compiles for ``backend`` (``jax.default_backend()``
+    names): on CPU with the kernel active, YNNPACK fusions off, so that everything a token's
+    row passes through (weight products, attention, norms) sums in the same order whatever the
+    window length; otherwise none. Pass to ``jax.jit(..., compiler_options=...)`` or
+    ``Lowered.compile(compiler_options)``."""
+    return dict(_ROW_INVARIANT_OPTIONS) if backend == "cpu" and active() else {}
+
+
+def _call(kind: str, x: jax.Array, ws) -> list[jax.Array]:
     if not enabled():
         raise RuntimeError(f"the CPU matmul kernel is off: {describe()}")
-    n = w.shape[1] if kind == "kn" else w.shape[0]
-    out = jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32)
-    return jax.ffi.ffi_call(_TARGETS[kind], out, vmap_method="sequential")(x, w)
+    outs = [jax.ShapeDtypeStruct((x.shape[0], w.shape[1] if kind == "kn" else w.shape[0]), jnp.float32) for w in ws]
+    return jax.ffi.ffi_call(_TARGETS[kind], outs, vmap_method="sequential")(x, *ws)
 
 
 def matmul_kn(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x [T, K] float32 @ w [K, N]`` (float32 or bfloat16) -> float32 ``[T, N]``, on CPU only;
     each output is one sequential float32 FMA chain over k, so row t is bitwise the same
     whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
-    return _call("kn", x, w)
+    return _call("kn", x, [w])[0]
+
+
+def matmul_kn_many(x: jax.Array, ws) -> list[jax.Array]:
+    """``[x @ w for w in ws]`` in one call (``x [T, K]`` float32, each ``w [K, N_i]`` float32 or
+    bfloat16, -> float32 ``[T, N_i]``): the products that share x (a layer's q/k/v, gate/up),
+    so the threads split one larger piece of work. Each result is bitwise ``matmul_kn(x, w)``.
+    Raises RuntimeError when the kernel is off (``enabled``)."""
+    return _call("kn", x, list(ws))
 
 
 def matmul_nk(x: jax.Array, e: jax.Array) -> jax.Array:
     """``x [T, K] float32 @ e [N, K]^T`` (float32 or bfloat16) -> float32 ``[T, N]``, on CPU
     only; 8 fixed lane sums over k, a fixed reduction tree, then the K mod 8 tail: row t is
     bitwise the same whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
-    return _call("nk", x, e)
+    return _call("nk", x, [e])[0]

@@ -54,7 +54,7 @@ import numpy as np
 from jaxspec.cache import KVCache, write
 from jaxspec.config import ModelConfig
 from jaxspec.models import rope
-from jaxspec.models.linear import linear
+from jaxspec.models.linear import linear, linears
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
@@ -180,7 +180,7 @@ def self_attention(layer: dict, i: int, y, positions, write_at, k_cache, v_cache
     ``[B, T, T]``), and ``(out, k_new, v_new)`` come back, ``[B, T, K, h]`` each."""
     b, t, _ = y.shape
     hd, eps, off = config.head_dim, config.norm_eps, config.norm_offset
-    q, k, v = linear(y, layer["wq"]), linear(y, layer["wk"]), linear(y, layer["wv"])
+    q, k, v = linears(y, (layer["wq"], layer["wk"], layer["wv"]))
     if config.attn_bias:
         q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
     q = q.reshape(b, t, config.n_heads, hd)
@@ -208,7 +208,8 @@ def mlp_residual(layer: dict, x, config: ModelConfig):
     eps, off = config.norm_eps, config.norm_offset
     y = rms_norm(x, layer["mlp_norm"], eps, off)
     act = jax.nn.silu if config.activation == "silu" else functools.partial(jax.nn.gelu, approximate=True)
-    y = _all_reduce(linear(act(linear(y, layer["w_gate"])) * linear(y, layer["w_up"]), layer["w_down"]), config)
+    gate, up = linears(y, (layer["w_gate"], layer["w_up"]))
+    y = _all_reduce(linear(act(gate) * up, layer["w_down"]), config)
     if config.sandwich_norms:
         y = rms_norm(y, layer["post_mlp_norm"], eps, off)
     return x + y

@@ -7,9 +7,8 @@ reads weights about half as fast and rounds differently, so a T-token verify pas
 twice a 1-token pass and its logits were not bitwise those of 1-token passes. The kernel reads
 the weights once for any T <= 16 and sums every output in the same order whatever T.
 
-The kernel path is taken when the kernel is enabled (``cpu_matmul.enabled``: switch
-``JAXSPEC_CPU_KERNEL`` unset/``auto``: bfloat16 weights only, ``1``: float32 too, ``0``: never;
-library built and self-checked; not inside
+The kernel path is taken when the kernel is active (``cpu_matmul.active``: switch
+``JAXSPEC_CPU_KERNEL`` unset or ``1``, not ``0``; library built and self-checked; not inside
 ``cpu_matmul.disabled()``), the flattened rows
 (product of x's leading dims) are 1..``MAX_ROWS``, x is float32 or bfloat16, and w is a 2-D
 float32 or bfloat16 matrix; otherwise XLA's dot. On that path x is widened to float32, the
@@ -38,32 +37,39 @@ def _xla(x, w, transposed, out_dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _product(x, w, transposed, out_dtype):
-    def cpu(x, w):
+def _products(x, ws, transposed, out_dtype):
+    """``[x @ w for w in ws]`` (one weight when ``transposed``): the kernel on CPU, XLA elsewhere."""
+
+    def cpu(x, *ws):
         x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-        y = (cpu_matmul.matmul_nk if transposed else cpu_matmul.matmul_kn)(x2, w)
-        return y.reshape(*x.shape[:-1], y.shape[-1]).astype(out_dtype)
+        ys = [cpu_matmul.matmul_nk(x2, ws[0])] if transposed else cpu_matmul.matmul_kn_many(x2, ws)
+        return tuple(y.reshape(*x.shape[:-1], y.shape[-1]).astype(out_dtype) for y in ys)
 
-    return jax.lax.platform_dependent(x, w, cpu=cpu, default=lambda x, w: _xla(x, w, transposed, out_dtype))
+    def default(x, *ws):
+        return tuple(_xla(x, w, transposed, out_dtype) for w in ws)
 
-
-def _product_fwd(x, w, transposed, out_dtype):
-    return _product(x, w, transposed, out_dtype), (x, w)
-
-
-def _product_bwd(transposed, out_dtype, res, g):
-    x, w = res
-    g = g.astype(jnp.promote_types(x.dtype, w.dtype))
-    if transposed:  # y = x @ w.T, w [N, K]
-        dx = jnp.einsum("...n,nk->...k", g, w.astype(g.dtype))
-        dw = jnp.einsum("...n,...k->nk", g, x.astype(g.dtype))
-    else:  # y = x @ w, w [K, N]
-        dx = jnp.einsum("...n,kn->...k", g, w.astype(g.dtype))
-        dw = jnp.einsum("...k,...n->kn", x.astype(g.dtype), g)
-    return dx.astype(x.dtype), dw.astype(w.dtype)
+    return jax.lax.platform_dependent(x, *ws, cpu=cpu, default=default)
 
 
-_product.defvjp(_product_fwd, _product_bwd)
+def _products_fwd(x, ws, transposed, out_dtype):
+    return _products(x, ws, transposed, out_dtype), (x, ws)
+
+
+def _products_bwd(transposed, out_dtype, res, gs):
+    x, ws = res
+    dx, dws = jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), []
+    for w, g in zip(ws, gs):
+        g = g.astype(jnp.promote_types(x.dtype, w.dtype))
+        if transposed:  # y = x @ w.T, w [N, K]
+            dx = dx + jnp.einsum("...n,nk->...k", g, w.astype(g.dtype))
+            dws.append(jnp.einsum("...n,...k->nk", g, x.astype(g.dtype)).astype(w.dtype))
+        else:  # y = x @ w, w [K, N]
+            dx = dx + jnp.einsum("...n,kn->...k", g, w.astype(g.dtype))
+            dws.append(jnp.einsum("...k,...n->kn", x.astype(g.dtype), g).astype(w.dtype))
+    return dx.astype(x.dtype), tuple(dws)
+
+
+_products.defvjp(_products_fwd, _products_bwd)
 
 
 def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
@@ -71,7 +77,7 @@ def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
     float32/bfloat16 operands, 1..``MAX_ROWS`` flattened rows."""
     rows = math.prod(x.shape[:-1])
     return (w.ndim == 2 and x.ndim >= 1 and 1 <= rows <= MAX_ROWS and jnp.dtype(x.dtype) in _DTYPES
-            and jnp.dtype(w.dtype) in _DTYPES and cpu_matmul.active(w.dtype))
+            and jnp.dtype(w.dtype) in _DTYPES and cpu_matmul.active())
 
 
 def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=None) -> jax.Array:
@@ -97,4 +103,30 @@ def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=No
     k_axis = 1 if transposed else 0
     if w.ndim != 2 or x.shape[-1] != w.shape[k_axis] or not kernel_applies(x, w):
         return _xla(x, w, transposed, out_dtype)
-    return _product(x, w, transposed, out_dtype)
+    return _products(x, (w,), transposed, out_dtype)[0]
+
+
+def linears(x: jax.Array, ws, *, out_dtype=None) -> tuple[jax.Array, ...]:
+    """``tuple(linear(x, w) for w in ws)``, computed together: the products that share their
+    input (a layer's q/k/v projections, the MLP's gate and up) go to the CPU kernel as one call,
+    so its threads split one larger piece of work (fewer, larger parallel regions per pass).
+    Each result is bitwise what ``linear(x, w, out_dtype=...)`` gives.
+
+    Args:
+      x: ``[..., K]`` activations.
+      ws: a sequence of ``[K, N_i]`` weights.
+      out_dtype: as in ``linear`` (default: ``jnp.result_type(x, w)`` per weight).
+
+    Returns:
+      A tuple of ``[..., N_i]`` arrays, one per weight.
+
+    Raises:
+      TypeError / ValueError: from ``jnp.einsum`` when the shapes do not chain.
+    """
+    ws = tuple(ws)
+    dtypes = [jnp.dtype(out_dtype or jnp.result_type(x, w)) for w in ws]
+    together = (len(set(dtypes)) == 1 and all(w.ndim == 2 and x.shape[-1] == w.shape[0] for w in ws)
+                and all(kernel_applies(x, w) for w in ws))
+    if not together:
+        return tuple(linear(x, w, out_dtype=d) for w, d in zip(ws, dtypes))
+    return _products(x, ws, False, dtypes[0])
