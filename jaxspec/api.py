@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import engine, policy, synthetic
+from jaxspec.kernels import cpu_matmul
 from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, default_dtype
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.metrics import Metrics
@@ -383,16 +384,20 @@ def _signature(tree) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None, plan=None,
-            min_pass_tokens: int = 1):
+            min_pass_tokens: int = 1, kernel: bool = False):
     """The jitted program, returning an ``Output``; with a ``sharding.Plan`` it runs under
-    ``jax.shard_map`` on the plan's mesh, each shard with its per-shard config and drafter."""
+    ``jax.shard_map`` on the plan's mesh, each shard with its per-shard config and drafter.
+    ``kernel``: ``cpu_matmul.active()`` when called (a key: the program traces differently)."""
     def program(target, drafter_params, inputs, config=config, drafter=drafter):
         return Output.of(engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter,
                                             max_len=max_len, logprobs=logprobs, min_pass_tokens=min_pass_tokens))
 
+    # on CPU, XLA options that keep a token's sums in the same order in any window (cpu_matmul)
+    options = cpu_matmul.compiler_options(plan.mesh.devices.flat[0].platform if plan else jax.default_backend())
     if plan is None:
-        return jax.jit(program)
-    return jax.jit(plan.wrap(functools.partial(program, config=plan.config, drafter=plan.drafter)))
+        return jax.jit(program, compiler_options=options)
+    return jax.jit(plan.wrap(functools.partial(program, config=plan.config, drafter=plan.drafter)),
+                   compiler_options=options)
 
 
 @functools.lru_cache(maxsize=8)
@@ -623,8 +628,9 @@ def generate(
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     if plan is not None:
         params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
-    fn = _jitted(config, drafter, shapes.cache_len, lp_spec, plan, least)
-    key = (config, drafter, shapes.cache_len, lp_spec, least, _signature((params, drafter_params, inputs)))
+    kernel = cpu_matmul.active()
+    fn = _jitted(config, drafter, shapes.cache_len, lp_spec, plan, least, kernel)
+    key = (config, drafter, shapes.cache_len, lp_spec, least, kernel, _signature((params, drafter_params, inputs)))
     key += (plan,) if plan else ()  # mesh=None: the single-device key, unchanged
     if synthetic_acceptance is not None:
         synthetic.warn(synthetic_acceptance)
