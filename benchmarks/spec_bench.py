@@ -14,6 +14,8 @@ nodes, tree branching, early-exit layers; ``_s``/``_m`` for the n-gram drafter's
 and long_match):
 
   plain                      jaxspec.generate(drafter=None): the baseline every speedup divides by
+  plain_xla                  plain with XLA's dot for the weight products on CPU (jaxspec's CPU
+                             kernel off, ``cpu_matmul.disabled()``): the kernel's A/B in one run
   ngram_g4, ngram_g4_b2      NGramDrafter(gamma=4[, branches=2]): prompt-lookup chain / trie of 2 matches
   ngram_g16_s4[_m16]         NGramDrafter(gamma=16, short_gamma=4[, long_match=16]): adaptive depth
   draft_g4, draft_g4_n8_k2   ModelDrafter(--draft-model's config, gamma=4[, tree_nodes=8, branching=2])
@@ -111,7 +113,7 @@ CODE_PROMPT = os.path.join(HERE, "prompts", "code_rewrite.txt")
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "rag")
 BASE = "plain"
-KINDS = ("plain", "ngram", "draft", "early_exit", "lookahead", "eagle", "medusa", "hf_plain", "hf_prompt_lookup", "hf_assisted")
+KINDS = ("plain", "plain_xla", "ngram", "draft", "early_exit", "lookahead", "eagle", "medusa", "hf_plain", "hf_prompt_lookup", "hf_assisted")
 _METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklwsmca]\d+)*)$")
 
 
@@ -222,11 +224,11 @@ def parse_method(name: str) -> Method:
     if any(p[0] not in fields for p in parts):
         raise ValueError(f"method {name!r}: {m.group(1)} takes the letters {', '.join('_' + f for f in fields)}")
     values = {fields[p[0]]: int(p[1:]) for p in parts}
-    allowed = {"plain": set(), "hf_plain": set(), "ngram": {"gamma", "branches", "short_gamma", "long_match"}, "draft": {"gamma", "tree_nodes", "branching", "confidence"},
+    allowed = {"plain": set(), "plain_xla": set(), "hf_plain": set(), "ngram": {"gamma", "branches", "short_gamma", "long_match"}, "draft": {"gamma", "tree_nodes", "branching", "confidence"},
                "early_exit": {"gamma", "tree_nodes", "branching", "layers", "confidence"}, "hf_prompt_lookup": {"gamma"},
                "eagle": {"gamma", "tree_nodes", "branching", "confidence"}, "medusa": {"gamma", "branching"},
                "hf_assisted": {"gamma"}, "lookahead": {"window", "ngram", "guesses"}}[m.group(1)]
-    if m.group(1) not in ("plain", "lookahead") and not m.group(1).startswith("hf_"):
+    if m.group(1) not in ("plain", "plain_xla", "lookahead") and not m.group(1).startswith("hf_"):
         allowed = allowed | {"acceptance"}
     if set(values) - allowed:
         raise ValueError(f"method {name!r}: {m.group(1)} takes {sorted(allowed) or 'no numbers'}, got {sorted(values)}")
@@ -241,7 +243,7 @@ def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ng
     g = method.gamma or 4
     tree = dict(tree_nodes=method.tree_nodes or 0, branching=method.branching or 4,
                 confidence=(method.confidence or 0) / 100)
-    if method.kind == "plain":
+    if method.kind in ("plain", "plain_xla"):
         return None
     if method.kind == "ngram":
         return jaxspec.NGramDrafter(gamma=g, max_n=ngram_max, min_n=ngram_min, branches=method.branches or 1,
@@ -333,6 +335,7 @@ class JaxRunner:
 
     def __call__(self, method: Method, ids: list[list[int]], max_new: int, temperature: float, seeds: list[int]) -> Run:
         import jaxspec
+        from jaxspec.kernels import cpu_matmul
 
         d = self.drafter(method)
         # disable_by_batch_size=None: measure the drafter itself at every batch size, never the
@@ -343,9 +346,10 @@ class JaxRunner:
                   temperature=temperature, seed=seeds, disable_by_batch_size=None, disable_by_acceptance=gate)
         compile_s = 0.0
         for _ in range(3):  # a call that compiled a new shape bucket is repeated: time the repeat
-            t0 = time.perf_counter()
-            res = jaxspec.generate(self.model, ids, **kw)
-            sec = time.perf_counter() - t0
+            with cpu_matmul.disabled() if method.kind == "plain_xla" else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                res = jaxspec.generate(self.model, ids, **kw)
+                sec = time.perf_counter() - t0
             if res.metrics.compile_s == 0.0:
                 break
             compile_s += res.metrics.compile_s

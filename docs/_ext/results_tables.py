@@ -24,6 +24,9 @@ RESULTS = {
     "spec_bench_qwen": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_cpu_2026-12-02.json", "spec_bench"),
     "spec_bench_qwen_gate": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b-gate_cpu_2026-12-04.json", "spec_bench"),
     "pass_cost_cpu": ("benchmarks/results/pass_cost_smollm2-135m-gemma3-270m_cpu_2026-12-01.json", "pass_cost"),
+    "small_matmul_cpu": ("benchmarks/results/small_matmul_1536x8960_cpu_2026-12-06.json", "small_matmul"),
+    "pass_cost_kernel_cpu": ("benchmarks/results/pass_cost_smollm2-135m_cpu_2026-12-06.json", "pass_cost"),
+    "pass_cost_kernel_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-06.json", "pass_cost"),
     "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json", "batch_sweep"),
     "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b_cpu_2026-12-03.json", "batch_sweep"),
     "batch_sweep_qwen_b2_8_32": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b-b2-8-32_cpu_2026-12-03.json", "batch_sweep"),
@@ -137,12 +140,27 @@ def pass_cost(path: str, d: dict) -> str:
         md.append(f"| {model}, ms (x T = 1) | "
                   + " | ".join(f"{r['ms'][t]:.1f} ({r['ratio_to_T1'][t]:.2f})" for t in ts) + " |")
     s = d["settings"]
-    md += ["", f"One target pass over T new tokens, float32, {s['slots']}-slot cache, medians of {s['reps']} "
-           "interleaved calls."]
+    md += ["", f"One target pass over T new tokens, {s.get('dtype') or 'float32'} weights, {s['slots']}-slot cache, "
+           f"medians of {s['reps']} interleaved calls; `/xla`: the same pass with XLA's dot for the weight products."]
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
 
 
-KINDS = {"pass_cost": pass_cost, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
+def small_matmul(path: str, d: dict) -> str:
+    res = d["results"]
+    ts = list(next(iter(res.values())))
+    md = ["| library | " + " | ".join(f"T = {t[1:]}" for t in ts) + " |", "|---|" + "---|" * len(ts)]
+    for lib, r in res.items():
+        one = r[ts[0]]
+        md.append(f"| {lib} | {one['ms']:.2f} ms ({one['GB_s']:.1f} GB/s) | "
+                  + " | ".join(f"{r[t]['vs_T1']:.2f}x" for t in ts[1:]) + " |")
+    sh = d["shape"]
+    md += ["", f"`x [T, {sh['k']}] @ W [{sh['k']}, {sh['n']}]`, {sh['matrices']} matrices per call, ms per product at "
+           f"T = 1 (weight bytes per second) and the cost of T rows relative to one; medians of {d['reps']}. "
+           f"Copy bandwidth {d['copy_GB_s']} GB/s. `_nk`: weights stored `[N, K]`; `_bf16`: bfloat16 weights."]
+    return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
+
+
+KINDS = {"pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
 
 
 def _write(out: str, text: str) -> None:
