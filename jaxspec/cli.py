@@ -34,8 +34,9 @@ import sys
 import warnings
 
 from jaxspec import compile_cache
+from jaxspec.drafters import kinds
 
-DRAFTERS = ("ngram", "early-exit", "model", "eagle", "medusa", "lookahead", "repeat", "none")
+DRAFTERS = (*kinds.KINDS, "none")  # the drafter registry's kinds (jaxspec.drafters.kinds), and plain decoding
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -195,8 +196,11 @@ WHY_NOT = {("lookahead", "gamma"): f"its depth is --ngram - 1 and {_LOOKAHEAD_BU
            ("lookahead", "tree_nodes"): _LOOKAHEAD_BUDGET,
            ("medusa", "tree_nodes"): "its tree is --medusa-topk, children per node at each depth",
            ("repeat", "tree_nodes"): "it drafts a chain", ("none", None): "plain decoding drafts nothing"}
-OPTION_DEFAULTS = {"tree_nodes": 0, "branching": 4, "ngram_max": 3, "ngram_min": 2, "short_gamma": 0, "long_match": 16,
-                   "shard_drafter": False, "logprobs_mode": "raw", "disable_by_batch_size": "auto",
+# A drafter option's default is the registry's (jaxspec.drafters.kinds: written once, beside its drafter).
+OPTION_DEFAULTS = {"tree_nodes": kinds.default("model", "tree_nodes"), "branching": kinds.default("model", "branching"),
+                   "ngram_max": kinds.default("ngram", "max_n"), "ngram_min": kinds.default("ngram", "min_n"),
+                   "short_gamma": kinds.default("ngram", "short_gamma"),
+                   "long_match": kinds.default("ngram", "long_match"), "shard_drafter": False, "logprobs_mode": "raw", "disable_by_batch_size": "auto",
                    "disable_by_acceptance": "auto"}
 # options read only alongside another: dest -> (whether that other is there, what it is)
 NEEDS = {"branching": (lambda a: a.tree_nodes > 0, "a tree (--tree-nodes N > 0): a chain has no branching"),
@@ -258,15 +262,15 @@ def _check_options(args) -> None:
     if d == "medusa":
         _medusa_depth(args, given)
     elif d not in ("none", "lookahead"):
-        args.gamma = 4 if args.gamma is None else args.gamma
+        args.gamma = kinds.default(d, "gamma") if args.gamma is None else args.gamma
     for k, (present, what) in NEEDS.items():
         if k in given and not present(args):
             raise SystemExit(f"error: {_flag(k)} applies only with {what}")
 
 
 def _medusa_depth(args, given) -> None:
-    """``--medusa-topk`` as a tuple, or a chain of ``--gamma`` (default 4); ``--gamma`` then is its
-    depth. Giving both with another depth is an error."""
+    """``--medusa-topk`` as a tuple, or a chain of ``--gamma`` (default: the registry's ``topk``'s
+    depth, 4); ``--gamma`` then is its depth. Giving both with another depth is an error."""
     if args.gamma is not None:
         from jaxspec.drafters.base import check_gamma
 
@@ -275,7 +279,8 @@ def _medusa_depth(args, given) -> None:
         except ValueError as e:
             raise _library_error(e)
     if "medusa_topk" not in given:
-        args.medusa_topk = (1,) * (4 if args.gamma is None else args.gamma)
+        chain = kinds.default("medusa", "topk")
+        args.medusa_topk = chain if args.gamma is None else (1,) * args.gamma
     else:
         try:
             args.medusa_topk = tuple(int(k) for k in args.medusa_topk.split(","))
@@ -325,9 +330,10 @@ def _drafter_before_load(args):
     manifest = _head_manifest(args)
     try:
         if d in ("none", "lookahead"):
-            given = {k: getattr(args, k) for k in ("window", "ngram", "guesses", "pool_size")
-                     if getattr(args, k) is not None}
-            drafter = jaxspec.LookaheadDrafter(**given) if d == "lookahead" else None
+            drafter = None
+            if d == "lookahead":
+                drafter, _ = kinds.build("lookahead", window=args.window, ngram=args.ngram, guesses=args.guesses,
+                                         pool_size=args.pool_size)
             args.gamma = None if drafter is None else drafter.gamma
             return drafter
         if d == "medusa":
@@ -339,20 +345,20 @@ def _drafter_before_load(args):
         base.check_gamma(args.gamma)
         base.check_int("tree_nodes", args.tree_nodes, 0)
         if d == "repeat":
-            return jaxspec.RepeatDrafter(gamma=args.gamma)
+            return kinds.build("repeat", gamma=args.gamma)[0]
         if d == "ngram":
             if args.tree_nodes % args.gamma:
                 raise SystemExit(f"error: --tree-nodes for ngram must be a multiple of --gamma ({args.gamma}): each "
                                  f"branch drafts gamma tokens; got {args.tree_nodes}")
-            return jaxspec.NGramDrafter(gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min,
-                                        branches=max(1, args.tree_nodes // args.gamma), short_gamma=args.short_gamma,
-                                        long_match=args.long_match, branch_min_n=args.ngram_branch_min)
+            return kinds.build("ngram", gamma=args.gamma, max_n=args.ngram_max, min_n=args.ngram_min,
+                               branches=max(1, args.tree_nodes // args.gamma), short_gamma=args.short_gamma,
+                               long_match=args.long_match, branch_min_n=args.ngram_branch_min)[0]
         base.check_int("branching", args.branching, 1)
         dynamic_tree.check_tree(args.gamma, args.tree_nodes, args.branching)
         if args.draft_confidence is not None:
             base.check_confidence(args.draft_confidence, args.tree_nodes)
         if d == "eagle":
-            jaxspec.EagleDrafter(manifest["config"], **_tree(args))
+            jaxspec.EagleDrafter(manifest["config"], **{k: v for k, v in _tree(args).items() if v is not None})
         if d == "early-exit" and args.early_exit_layers is not None:
             base.check_int("n_layers", args.early_exit_layers, 1)
         if d == "model" and not args.draft_model:
@@ -363,33 +369,30 @@ def _drafter_before_load(args):
 
 
 def _tree(args) -> dict:
-    """The chain/tree settings of a model, early-exit or EAGLE drafter (no confidence: the drafter's default)."""
-    tree = dict(gamma=args.gamma, tree_nodes=args.tree_nodes, branching=args.branching)
-    if args.draft_confidence is not None:
-        tree["confidence"] = args.draft_confidence
-    return tree
+    """The chain/tree options of a model, early-exit or EAGLE drafter (``--draft-confidence``
+    left out: None, the registry's default)."""
+    return dict(gamma=args.gamma, tree_nodes=args.tree_nodes, branching=args.branching,
+                confidence=args.draft_confidence)
 
 
 def _make_drafter(args, model, load):
-    """``(drafter, drafter_params)`` once the model has loaded; ``load(name)`` loads a draft model."""
-    import jaxspec
-
+    """``(drafter, drafter_params)`` once the model has loaded (``jaxspec.drafters.kinds.build``);
+    ``load(name)`` loads a draft model."""
     drafter = _drafter_before_load(args)
     try:
         if args.drafter in ("none", "lookahead", "repeat", "ngram"):
             return drafter, None
         if args.drafter == "early-exit":
-            k = max(1, model.config.n_layers // 4) if args.early_exit_layers is None else args.early_exit_layers
-            return jaxspec.EarlyExitDrafter(model.config, n_layers=k, **_tree(args)), None
+            return kinds.build("early-exit", model, n_layers=args.early_exit_layers, **_tree(args))
         if args.drafter == "eagle":
-            return jaxspec.load_eagle_head(args.eagle_head, model, **_tree(args))
+            return kinds.build("eagle", model, head=args.eagle_head, **_tree(args))
         if args.drafter == "medusa":
-            return jaxspec.load_medusa_heads(args.medusa_heads, model, topk=args.medusa_topk)
+            return kinds.build("medusa", model, heads=args.medusa_heads, topk=args.medusa_topk)
     except ValueError as e:
         raise _library_error(e)
     draft = load(args.draft_model)
     try:
-        return jaxspec.ModelDrafter(draft.config, **_tree(args)), draft  # a Model: generate checks the pairing
+        return kinds.build("model", model, draft=draft, **_tree(args))  # a Model: generate checks the pairing
     except ValueError as e:
         raise _library_error(e)
 

@@ -162,8 +162,9 @@ def test_method_names():
 
 def test_drafters_of_method_names():
     """Each jaxspec method name builds the drafter it says (no compile: construction only)."""
-    import jaxspec
     from conftest import DRAFT, TARGET
+
+    import jaxspec
 
     def build(name):
         return spec_bench.make_drafter(spec_bench.parse_method(name), TARGET, DRAFT, ngram_max=3, ngram_min=2)
@@ -174,11 +175,34 @@ def test_drafters_of_method_names():
     assert build("draft_g3_n6_k2") == jaxspec.ModelDrafter(DRAFT, gamma=3, tree_nodes=6, branching=2)
     assert build("early_exit_l1_g2") == jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=2)
     assert build("draft_g4_c25") == jaxspec.ModelDrafter(DRAFT, gamma=4, confidence=0.25)
+    # the registry's default, the CLI's (jaxspec.drafters.kinds): a draft model's chain stops below 0.3
+    assert build("draft_g4") == jaxspec.ModelDrafter(DRAFT, gamma=4) and build("draft_g4").confidence == 0.3
+    assert build("draft_g4_c0").confidence == 0.0
     assert build("early_exit_g2").n_layers == 1  # default: a quarter of the target's blocks, at least 1
     assert build("lookahead_w3_n3_g2") == jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2)
     assert build("lookahead") == jaxspec.LookaheadDrafter()  # the drafter's defaults
     with pytest.raises(ValueError, match="lookahead takes the letters _w, _n, _g"):
         spec_bench.parse_method("lookahead_b2")
+
+
+def test_drafter_registry_options():
+    """``jaxspec.drafters.kinds``: one factory, each kind's options and defaults in one place;
+    an option a kind does not take, or a missing required one, is an error naming it."""
+    from conftest import DRAFT, TARGET
+
+    import jaxspec
+    from jaxspec.drafters import kinds
+
+    assert kinds.build("ngram", None) == (jaxspec.NGramDrafter(), None)
+    assert kinds.build("early-exit", TARGET)[0].n_layers == 1  # a quarter of 2 blocks, at least 1
+    assert kinds.build("model", None, draft=DRAFT)[0].confidence == 0.3
+    assert all(kinds.CLASSES[k].kind == k for k in kinds.KINDS)
+    with pytest.raises(ValueError, match="the ngram drafter takes the options gamma, max_n"):
+        kinds.build("ngram", None, tree_nodes=8)
+    with pytest.raises(ValueError, match="the model drafter needs draft="):
+        kinds.build("model", None)
+    with pytest.raises(ValueError, match="unknown drafter kind 'nope'"):
+        kinds.build("nope")
 
 
 def test_padded_plain_compares_and_records(tmp_path, bench_module, forward_widths):
