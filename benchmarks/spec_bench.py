@@ -589,7 +589,7 @@ def parse_args(argv):
                     help="OMP_WAIT_POLICY for torch's OpenMP (default: the environment's, else PASSIVE)")
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use jaxspec's persistent compile cache")
     ap.add_argument("--prompt-bucket", type=int, default=None,
-                    help="pad prompts to a multiple of this many tokens (jaxspec.api.PROMPT_BUCKET, default 64): "
+                    help="pad prompts to a multiple of this many tokens (jaxspec.request.PROMPT_BUCKET, default 64): "
                          "fewer compiled programs where compiling costs more than padded prefill (accelerators)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--out", default=None, help="output path stem (default benchmarks/results/spec_bench_<model>_<date>)")
@@ -721,8 +721,8 @@ def _main(argv, undo: contextlib.ExitStack) -> int:
     import jaxspec
 
     if args.prompt_bucket is not None:  # for this run only (tests and notebooks call main in-process)
-        undo.callback(setattr, jaxspec.api, "PROMPT_BUCKET", jaxspec.api.PROMPT_BUCKET)
-        jaxspec.api.PROMPT_BUCKET = args.prompt_bucket
+        undo.callback(setattr, jaxspec.request, "PROMPT_BUCKET", jaxspec.request.PROMPT_BUCKET)
+        jaxspec.request.PROMPT_BUCKET = args.prompt_bucket
     if not args.no_compile_cache:
         from jaxspec import compile_cache
 
@@ -782,7 +782,7 @@ def _main(argv, undo: contextlib.ExitStack) -> int:
         "chat_template": "user turn + generation prompt (jaxspec tokenizer), add_bos=False; same ids for every method",
         "timing": "wall seconds of each generate call (time.perf_counter), compile excluded",
         "reps": args.reps,  # timed calls per method and batch; the median counts (median_run)
-        "prompt_bucket": jaxspec.api.PROMPT_BUCKET,  # prompts padded to a multiple of this many tokens
+        "prompt_bucket": jaxspec.request.PROMPT_BUCKET,  # prompts padded to a multiple of this many tokens
     }
     result = {
         "benchmark": "spec_bench", "started_utc": started.isoformat(), "total_wall_s": total_s,

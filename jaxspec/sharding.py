@@ -34,7 +34,7 @@ Choices, written down:
   collectives) unless ``shard_drafter=True``; the early-exit drafter always runs on the
   target's own shards, since its weights are the target's.
 - Batches are padded to a multiple of ``data`` on top of their batch bucket
-  (``api.batch_bucket``), with the same one-token rows dropped from the results; head counts, MLP width and vocabulary must be
+  (``request.batch_bucket``), with the same one-token rows dropped from the results; head counts, MLP width and vocabulary must be
   divisible (an error naming the axis and the sizes, before any compile).
 """
 

@@ -80,13 +80,13 @@ def test_spec_bench_end_to_end(tmp_path):
     common = ["--model", target, "--draft-model", draft, "--questions", str(questions), "--per-category", "2",
               "--max-new-tokens", "8", "--no-compile-cache", "--prompt-bucket", "128"]
     methods = ["plain", "draft_g2", "hf_plain", "hf_prompt_lookup_g3", "hf_assisted_g2"]
-    bucket = jaxspec.api.PROMPT_BUCKET
+    bucket = jaxspec.request.PROMPT_BUCKET
     assert spec_bench.main(common + ["--batch-sizes", "1,2", "--methods", ",".join(methods), "--out", out]) == 0
     with open(out + ".json") as f:
         res = json.load(f)
     for key in ("command", "machine", "versions", "settings", "definitions", "summary", "rows"):
         assert key in res, key
-    assert res["settings"]["prompt_bucket"] == 128 and jaxspec.api.PROMPT_BUCKET == bucket  # for that run only
+    assert res["settings"]["prompt_bucket"] == 128 and jaxspec.request.PROMPT_BUCKET == bucket  # for that run only
     assert res["machine"]["cores"] >= 1 and res["machine"]["cpu_model"] is not None
     for pkg in ("jax", "torch", "transformers", "jaxspec_git"):
         assert res["versions"][pkg], pkg
