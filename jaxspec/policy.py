@@ -160,7 +160,7 @@ def decide(disable_by_batch_size, drafter, rows: int, synthetic: bool = False) -
     k = limit(disable_by_batch_size, drafter)
     if drafter is None or synthetic or k is None or rows <= k:
         return None
-    source = "measured for " + f"the {drafter.kind} drafter on {jax.default_backend()}" \
+    source = "measured for " + f"drafter kind {drafter.kind!r} on {jax.default_backend()}" \
         if disable_by_batch_size == "auto" else "set by the caller"
     return f"plain decoding: {rows} rows > disable_by_batch_size {k} ({source}; pass disable_by_batch_size=None " \
            f"to speculate anyway)"

@@ -46,7 +46,7 @@ def test_generate_decodes_plainly_above_the_limit(tiny, plain_greedy, monkeypatc
     assert on.tokens == plain_greedy and on.metrics.speculation is None and on.metrics.drafted.sum() > 0
     monkeypatch.setitem(policy.MEASURED, (jax_backend(), "ngram"), 2)
     assert run(3).metrics.speculation.startswith("plain decoding: 3 rows > disable_by_batch_size 2 (measured for "
-                                                 "the ngram drafter on cpu")
+                                                 "drafter kind 'ngram' on cpu")
     assert run(3, disable_by_batch_size=3).metrics.speculation is None
     with pytest.raises(ValueError, match=r"disable_by_batch_size must be 'auto', None or an integer >= 1, got 0"):
         run(1, disable_by_batch_size=0)
