@@ -25,7 +25,9 @@ and long_match):
   eagle_g4, eagle_g4_n8_k2   EAGLE-3 head (--eagle-head; default: the head that ships for --model):
                              chain of 4, or an EAGLE-2 tree of 8 nodes, depth 4, branching 2
   eagle_g4_c30, draft_g4_c30 a chain stopped where the drafter's cumulative probability of it
-                             falls below 0.30 (confidence=0.30; draft, early_exit, eagle chains)
+                             falls below 0.30 (confidence=0.30; draft, early_exit, eagle chains); without
+                             ``_c`` the registry's default (jaxspec.drafters.kinds, as the CLI):
+                             0.30 for draft chains, 0 for the others; ``draft_g4_c0``: none
   eagle_g2_a155              any drafter with the acceptance gate at tau 1.55 (``_a`` in hundredths,
                              ``disable_by_acceptance=1.55``, jaxspec.policy); without ``_a`` the gate
                              is off (None): the drafter itself is measured
@@ -235,41 +237,58 @@ def parse_method(name: str) -> Method:
     return Method(name=name, kind=m.group(1), **values)
 
 
-def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ngram_min: int):
-    """The ``jaxspec.drafters`` object of a jaxspec method (None for ``plain``); defaults:
-    gamma 4, a chain, branching 4, early exit after a quarter of the target's blocks."""
-    import jaxspec
+# spec_bench's method kinds -> the drafter registry's kinds (jaxspec.drafters.kinds)
+REGISTRY_KIND = {"ngram": "ngram", "draft": "model", "early_exit": "early-exit", "lookahead": "lookahead",
+                 "eagle": "eagle", "medusa": "medusa"}
 
-    g = method.gamma or 4
-    tree = dict(tree_nodes=method.tree_nodes or 0, branching=method.branching or 4,
-                confidence=(method.confidence or 0) / 100)
+
+def drafter_options(method: Method, ngram_max: int, ngram_min: int) -> dict:
+    """The registry options (``jaxspec.drafters.kinds.build``) a method's name gives; what it
+    leaves out (None) takes the registry's default, the command line's: gamma 4, a chain,
+    branching 4, a draft model's chains stopped below confidence 0.3 (``_c0`` for none), early
+    exit after a quarter of the target's blocks, a Medusa chain of 4."""
+    confidence = None if method.confidence is None else method.confidence / 100
+    tree = {"gamma": method.gamma, "tree_nodes": method.tree_nodes, "branching": method.branching,
+            "confidence": confidence}
+    if method.kind == "ngram":
+        return {"gamma": method.gamma, "max_n": ngram_max, "min_n": ngram_min, "branches": method.branches,
+                "short_gamma": method.short_gamma, "long_match": method.long_match}
+    if method.kind == "early_exit":
+        return {**tree, "n_layers": method.layers}
+    if method.kind == "lookahead":
+        return {"window": method.window, "ngram": method.ngram, "guesses": method.guesses}
+    if method.kind == "medusa":
+        if method.gamma is None and method.branching is None:
+            return {}
+        from jaxspec.drafters import kinds
+
+        depth = method.gamma or len(kinds.default("medusa", "topk"))
+        return {"topk": (method.branching or 1,) * depth}
+    return tree  # draft, eagle
+
+
+def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ngram_min: int):
+    """The ``jaxspec.drafters`` object of a jaxspec method without a head (None for
+    ``plain``), built by the registry (``drafter_options``)."""
+    from jaxspec.drafters import kinds
+
     if method.kind in ("plain", "plain_xla"):
         return None
-    if method.kind == "ngram":
-        return jaxspec.NGramDrafter(gamma=g, max_n=ngram_max, min_n=ngram_min, branches=method.branches or 1,
-                                    short_gamma=method.short_gamma or 0, long_match=method.long_match or 16)
+    if method.kind not in ("ngram", "draft", "early_exit", "lookahead"):
+        raise ValueError(f"{method.name} is not a jaxspec method")
+    options = drafter_options(method, ngram_max, ngram_min)
     if method.kind == "draft":
-        return jaxspec.ModelDrafter(draft_config, gamma=g, **tree)
-    if method.kind == "early_exit":
-        return jaxspec.EarlyExitDrafter(target_config, n_layers=method.layers or max(1, target_config.n_layers // 4),
-                                        gamma=g, **tree)
-    if method.kind == "lookahead":
-        defaults = jaxspec.LookaheadDrafter()
-        return jaxspec.LookaheadDrafter(window=method.window or defaults.window, ngram=method.ngram or defaults.ngram,
-                                        guesses=method.guesses or defaults.guesses)
-    raise ValueError(f"{method.name} is not a jaxspec method")
+        options["draft"] = draft_config
+    return kinds.build(REGISTRY_KIND[method.kind], target_config, **options)[0]
 
 
 def load_head(method: Method, model, path: str):
     """``(drafter, drafter_params)`` of an ``eagle`` / ``medusa`` method: the head at ``path``
-    (checked against ``model``: ``jaxspec.load_eagle_head``)."""
-    import jaxspec
+    (checked against ``model``: ``jaxspec.load_eagle_head``), built by the registry."""
+    from jaxspec.drafters import kinds
 
-    g = method.gamma or 4
-    if method.kind == "eagle":
-        return jaxspec.load_eagle_head(path, model, gamma=g, tree_nodes=method.tree_nodes or 0,
-                                       branching=method.branching or 4, confidence=(method.confidence or 0) / 100)
-    return jaxspec.load_medusa_heads(path, model, topk=(method.branching or 1,) * g)
+    where = {"head" if method.kind == "eagle" else "heads": path}
+    return kinds.build(method.kind, model, **where, **drafter_options(method, 0, 0))
 
 
 # ----------------------------------------------------------------------------- runners
@@ -574,7 +593,7 @@ def parse_args(argv):
                     help="OMP_WAIT_POLICY for torch's OpenMP (default: the environment's, else PASSIVE)")
     ap.add_argument("--no-compile-cache", action="store_true", help="do not use jaxspec's persistent compile cache")
     ap.add_argument("--prompt-bucket", type=int, default=None,
-                    help="pad prompts to a multiple of this many tokens (jaxspec.api.PROMPT_BUCKET, default 64): "
+                    help="pad prompts to a multiple of this many tokens (jaxspec.request.PROMPT_BUCKET, default 64): "
                          "fewer compiled programs where compiling costs more than padded prefill (accelerators)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--out", default=None, help="output path stem (default benchmarks/results/spec_bench_<model>_<host kind>_<date>)")
@@ -706,8 +725,8 @@ def _main(argv, undo: contextlib.ExitStack) -> int:
     import jaxspec
 
     if args.prompt_bucket is not None:  # for this run only (tests and notebooks call main in-process)
-        undo.callback(setattr, jaxspec.api, "PROMPT_BUCKET", jaxspec.api.PROMPT_BUCKET)
-        jaxspec.api.PROMPT_BUCKET = args.prompt_bucket
+        undo.callback(setattr, jaxspec.request, "PROMPT_BUCKET", jaxspec.request.PROMPT_BUCKET)
+        jaxspec.request.PROMPT_BUCKET = args.prompt_bucket
     if not args.no_compile_cache:
         from jaxspec import compile_cache
 
@@ -767,7 +786,7 @@ def _main(argv, undo: contextlib.ExitStack) -> int:
         "chat_template": "user turn + generation prompt (jaxspec tokenizer), add_bos=False; same ids for every method",
         "timing": "wall seconds of each generate call (time.perf_counter), compile excluded",
         "reps": args.reps,  # timed calls per method and batch; the median counts (median_run)
-        "prompt_bucket": jaxspec.api.PROMPT_BUCKET,  # prompts padded to a multiple of this many tokens
+        "prompt_bucket": jaxspec.request.PROMPT_BUCKET,  # prompts padded to a multiple of this many tokens
     }
     result = {
         "benchmark": "spec_bench", "started_utc": started.isoformat(), "total_wall_s": total_s,

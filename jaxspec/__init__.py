@@ -13,13 +13,14 @@ Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail pe
 """
 
 from jaxspec import compile_cache  # jaxspec.compile_cache.enable(); imports only os, configures nothing
-from jaxspec.api import GenerationResult, Model, default_dtype, generate, load
+from jaxspec.api import Model, default_dtype, generate, load
 from jaxspec.checkpoints.heads import load_eagle_head, load_medusa_heads, shipped_head
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
 from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
                               NGramDrafter, RepeatDrafter)
 from jaxspec.metrics import Metrics
+from jaxspec.result import GenerationResult
 from jaxspec.sharding import make_mesh, shard_params
 from jaxspec.synthetic import SyntheticAcceptance
 

@@ -107,3 +107,24 @@ def accept(keys: jax.Array, p: jax.Array, q: jax.Array | None, tree: Tree) -> Ac
     last = sample(key_r, residual)
     emitted = emitted.at[rows, n_accepted].set(last)
     return Accepted(n_accepted=n_accepted, path=path, tokens=emitted)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exact:
+    """The exact acceptance rule (``accept``), lossless: a static argument of the compiled
+    program (``engine.run_program``'s ``rule``). Its benchmark-only counterpart, with the same
+    members, is ``jaxspec.synthetic.Synthetic``."""
+
+    narrows = True  # an abstaining drafter's window may be verified at the width its valid nodes need
+
+    def fill(self, proposal, root):
+        """The ``Proposal`` to verify: the drafter's, as it is."""
+        return proposal
+
+    def accept(self, keys, p, proposal, tree: Tree, inputs) -> Accepted:
+        """The accepted path of the window (``accept`` with the proposal's q)."""
+        return accept(keys, p, proposal.q, tree)
+
+
+EXACT = Exact()
+

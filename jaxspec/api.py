@@ -1,12 +1,23 @@
 """Public entry points: ``load`` a model, ``generate`` from it (plain or speculative).
 
-``generate`` is four steps: normalise the request on the host (``_request``: prompts, per-row
-settings, seeds, stop ids, every check), bucket its shapes (``_buckets``: batch, prompt length,
-cache length), run the one compiled program of ``jaxspec.engine`` (``_run``: its ``Output``
-pytree comes back in one transfer) and build the ``GenerationResult`` (``_result``).
-Compiled programs are cached per (model config, drafter, batch bucket, padded prompt length,
-cache length), so new prompts, batch sizes within a bucket, temperatures, seeds and
-``max_new_tokens`` within a bucket reuse them.
+``generate`` reads, in order (each step a named function):
+
+1. check: every argument but the prompt (``_check``: the settings, the model and its
+   tokenizer, the drafter against the target and ``max_len``, synthetic acceptance, the policy
+   values), into a ``Call``;
+2. request: prompts to token ids, per-row settings, seeds and stop ids
+   (``jaxspec.request.make``);
+3. setup: the batch policy's decision, the mesh plan, the shape buckets and the acceptance
+   rule, into the frozen ``Program`` the call compiles (``_setup``);
+4. inputs: the request's arrays (``jaxspec.request.inputs``), placed on the mesh if any
+   (``_inputs``);
+5. run: the one compiled program of ``jaxspec.engine`` (``_run``: compiled once per
+   ``Program`` and input signature; its ``Output`` comes back in one transfer);
+6. result: the ``GenerationResult`` (``jaxspec.result.make``).
+
+A ``Program`` is both the jit static argument and the compiled-program cache key, so new
+prompts, batch sizes within a bucket, temperatures, seeds and ``max_new_tokens`` within a
+bucket reuse a compiled program.
 """
 
 from __future__ import annotations
@@ -16,23 +27,19 @@ import functools
 import os
 import time
 import weakref
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import engine, policy, synthetic
+from jaxspec import acceptance, engine, policy, request, result, synthetic
 from jaxspec.kernels import cpu_matmul
 from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, default_dtype
 from jaxspec.checkpoints.pairing import check_pair
-from jaxspec.metrics import Metrics
-from jaxspec.sampling import SamplingParams
+from jaxspec.result import GenerationResult, Output
 from jaxspec.tokenizer import Tokenizer
 
-PROMPT_BUCKET = 64  # prompts are right-padded to a multiple of this many tokens
-CACHE_BUCKET = 256  # cache slots are rounded up to a multiple of this
-STOP_BUCKET = 8  # stop-id lists are padded to a multiple of this
 DTYPES = ("float32", "bfloat16")  # the parameter dtypes ``load`` accepts (the ones the tests run)
 
 
@@ -110,271 +117,81 @@ def _dtype_name(dtype) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class GenerationResult:
-    """Output of ``generate``; one entry per sample, prompt-major (prompt i, sample j at
-    ``i * n + j``).
+class Program:
+    """What one compiled program depends on, besides its inputs' shapes and dtypes: the jit
+    static argument (``_jitted``) and, with the input signature, the compiled-program cache
+    key (``_COMPILED``). Built once per call by ``_setup``.
 
     Attributes:
-      tokens: generated token ids (a stop token or the token completing a stop string is the
-        last one).
-      texts: decoded text (special tokens skipped, cut at a stop string), or None without a
-        tokenizer.
-      finish_reasons: ``"stop"`` (EOS, a stop id or a stop string) or ``"length"``.
-      stop_reasons: the stop string or stop token id that ended the sample, else None.
-      logprobs: when requested, per sample one float per token (natural log).
-      top_logprobs: when requested, per sample and token the ``(id, logprob)`` pairs of the
-        most probable tokens, most probable first.
-      metrics: ``Metrics`` of the call.
-      synthetic: True when the call ran with synthetic acceptance (``jaxspec.synthetic``):
-        the tokens and texts are then NOT the model's output, only its speed is meaningful.
+      config: the target's ``ModelConfig``.
+      drafter: the drafter (frozen, hashable), or None for plain decoding.
+      cache_len: S, slots of the target's cache and of the token buffer.
+      logprobs: ``engine.LogprobsSpec``, or None when no logprobs were asked for.
+      plan: ``jaxspec.sharding.Plan`` of a ``mesh=`` call, else None.
+      min_pass_tokens: the fewest tokens a target pass runs (``engine.min_pass_tokens``).
+      rule: the acceptance rule (``acceptance.EXACT``, or ``synthetic.SYNTHETIC`` for benchmarks).
+      kernel: whether CPU weight products take jaxspec's kernel (``cpu_matmul.active()`` at setup:
+        the program traces and compiles differently).
     """
 
-    tokens: list[list[int]]
-    texts: list[str] | None
-    metrics: Metrics
-    finish_reasons: list[str] = dataclasses.field(default_factory=list)
-    stop_reasons: list = dataclasses.field(default_factory=list)
-    logprobs: list[list[float]] | None = None
-    top_logprobs: list[list[list[tuple[int, float]]]] | None = None
-    synthetic: bool = False
+    config: ModelConfig
+    drafter: Any
+    cache_len: int
+    logprobs: engine.LogprobsSpec | None
+    plan: Any
+    min_pass_tokens: int
+    rule: Any
+    kernel: bool
 
     @property
-    def text(self) -> str:
-        """The text of a single-sample call."""
-        if self.texts is None or len(self.texts) != 1:
-            raise ValueError("text is defined for a single prompt with a tokenizer; use texts")
-        return self.texts[0]
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-PROMPT_KINDS = "a str, a list of token ids (ints), or a list of those (or of strs)"
-
-
-def _prompt_ids(prompt, tokenizer, chat: bool) -> list[list[int]]:
-    if isinstance(prompt, (int, np.integer, float)):
-        raise ValueError(f"prompt must be text, token ids [T] or a batch of them, got the scalar {prompt!r}")
-    if isinstance(prompt, (bytes, bytearray, memoryview)) or not isinstance(prompt, (str, Sequence, np.ndarray,
-                                                                                    jax.Array)):
-        raise ValueError(f"prompt must be {PROMPT_KINDS}, got a {type(prompt).__name__}: {prompt!r:.80}"
-                         + (" (decode bytes to a str first)" if isinstance(prompt, (bytes, bytearray)) else ""))
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    elif isinstance(prompt, (np.ndarray, jax.Array)):
-        arr = np.asarray(prompt)
-        if arr.ndim not in (1, 2) or not np.issubdtype(arr.dtype, np.integer):
-            raise ValueError(f"prompt array must be integer token ids [T] or [B, T], got {arr.dtype}{list(arr.shape)}")
-        prompt = arr.tolist() if arr.ndim == 2 else [arr.tolist()]
-    elif isinstance(prompt, Sequence) and prompt and all(isinstance(t, (int, np.integer)) for t in prompt):
-        prompt = [list(prompt)]
-    if not isinstance(prompt, Sequence) or len(prompt) == 0:
-        raise ValueError("prompt is empty: give a string, token ids, or a non-empty list of them")
-    rows = []
-    for i, p in enumerate(prompt):
-        if isinstance(p, str):
-            if not p:
-                raise ValueError(f"prompt {i} is empty (an empty string)")
-            if tokenizer is None:
-                raise ValueError("prompt is text but the model has no tokenizer: pass token ids or tokenizer=")
-            text = tokenizer.apply_chat_template([{"role": "user", "content": p}]) if chat else p
-            p = tokenizer.encode(text, add_bos=False if chat else None)
-        elif chat:
-            raise ValueError("chat=True needs text prompts, got token ids")
-        if isinstance(p, (np.ndarray, jax.Array)):
-            p = np.asarray(p).tolist()
-        if isinstance(p, (bytes, bytearray, memoryview)):
-            raise ValueError(f"prompt {i} must be {PROMPT_KINDS}, got {type(p).__name__} {p!r:.80} "
-                             "(decode it to a str)")
-        if not isinstance(p, Sequence) or not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in p):
-            raise ValueError(f"prompt {i} must be text or integer token ids, got {p!r:.80}")
-        p = [int(t) for t in p]
-        if not p:
-            raise ValueError(f"prompt {i} is empty (0 tokens)")
-        rows.append(p)
-    return rows
-
-
-def batch_bucket(rows: int, multiple: int = 1) -> int:
-    """Rows a batch of ``rows`` runs as: the next power of two (1, 2, 4, 8, 16, ...), rounded
-    up to a multiple of ``multiple`` (a mesh's ``data`` axis). Padded rows are one-token
-    copies of row 0, dropped from the results (``Request.padded``)."""
-    return _round_up(1 << (rows - 1).bit_length(), multiple)
-
-
-def draft_window(drafter) -> int:
-    """gamma, the deepest draft (0 for plain decoding): the one place ``api`` reads it, for
-    the metrics' per-depth columns (the cache bucket uses ``engine.window``, which counts a
-    tree's nodes)."""
-    return 0 if drafter is None else drafter.gamma
+    def gamma(self) -> int:
+        """The deepest draft, 0 for plain decoding (``engine.gamma``)."""
+        return engine.gamma(self.drafter)
 
 
 @dataclasses.dataclass(frozen=True)
-class Request:
-    """One ``generate`` call normalised on the host: one row per sample, prompt-major
-    (prompt i, sample j at row ``i * n + j``).
+class Call:
+    """``generate``'s arguments once checked (``_check``).
 
     Attributes:
-      rows: token ids of each row's prompt.
-      prompt_lens, max_new_tokens: int32 ``[B]``.
-      seeds: int64 ``[B]``: row b's PRNG key is ``jax.random.key(seeds[b] % 2**32)``.
-      settings: per-row ``SamplingParams`` values (temperature, top_k, ...), ``[B]`` each.
-      stop_ids: the stop token ids every row shares (EOS unless ignored, then
-        ``stop_token_ids``), without padding.
-      sampling: the ``SamplingConfig`` the request came from.
+      params, config, tokenizer: the target's params pytree, ``ModelConfig`` and tokenizer
+        (None without one).
+      drafter, drafter_params: as given (the draft ``Model`` replaced by its params).
+      sampling: the ``SamplingConfig`` with the keyword settings applied.
+      gate_tau: the acceptance gate's threshold for this drafter, or None (``policy.gate``).
+      min_pass_tokens: the fewest tokens a target pass runs on this backend.
     """
 
-    rows: list[list[int]]
-    prompt_lens: np.ndarray
-    max_new_tokens: np.ndarray
-    seeds: np.ndarray
-    settings: dict[str, np.ndarray]
-    stop_ids: tuple[int, ...]
+    params: Any
+    config: ModelConfig
+    tokenizer: Any
+    drafter: Any
+    drafter_params: Any
     sampling: SamplingConfig
-
-    def padded(self, batch: int) -> "Request":
-        """This request with ``batch - B`` one-token copies of row 0 appended: the one padding
-        of rows (batch buckets, a mesh's ``data`` axis); ``generate`` drops them again."""
-        extra = batch - len(self.rows)
-        if extra == 0:
-            return self
-        def grow(x):  # the values of row 0 for the padding rows
-            return np.concatenate([x, np.repeat(x[:1], extra)])
-
-        return dataclasses.replace(
-            self, rows=self.rows + [self.rows[0]] * extra, prompt_lens=grow(self.prompt_lens),
-            max_new_tokens=np.concatenate([self.max_new_tokens, np.ones(extra, np.int32)]), seeds=grow(self.seeds),
-            settings={k: grow(v) for k, v in self.settings.items()})
-
-
-_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
-             "presence_penalty", "min_new_tokens")
-
-
-def _request(prompt, sc: SamplingConfig, config: ModelConfig, tokenizer, chat: bool, max_len: int | None) -> Request:
-    """Prompts, per-row settings, seeds and stop ids of one call, checked.
-
-    Raises:
-      ValueError: empty prompt, a prompt that is not text or token ids, token id outside the
-        vocabulary (prompt or stop id), a per-prompt setting of the wrong length, prompt +
-        ``max_new_tokens`` over ``max_len``, stop strings without a tokenizer.
-    """
-    prompts = _prompt_ids(prompt, tokenizer, chat)
-    for i, r in enumerate(prompts):
-        bad = [t for t in r if not 0 <= t < config.vocab_size]
-        if bad:
-            raise ValueError(f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
-    n_prompts = len(prompts)
-    def per_row(name):  # a setting's value for every row (each prompt's, repeated for its n samples)
-        return np.repeat(sc.per_prompt(name, n_prompts), sc.n)
-
-    rows = [r for r in prompts for _ in range(sc.n)]
-    lens = np.array([len(r) for r in rows], np.int64)
-    max_new = per_row("max_new_tokens").astype(np.int64)  # int32 only once checked (SamplingConfig bounds it)
-    limit = config.max_position if max_len is None else max_len
-    longest = int((lens + max_new).max())
-    if longest > limit:
-        i = int(np.argmax(lens + max_new))
-        raise ValueError(
-            f"prompt ({int(lens[i])} tokens) + max_new_tokens ({int(max_new[i])}) = {longest} exceeds max_len "
-            f"({limit}{', the context of ' + config.name if max_len is None else ''})"
-        )
-    lens, max_new = lens.astype(np.int32), max_new.astype(np.int32)
-    if np.ndim(sc.seed) == 0:
-        seeds = np.int64(sc.seed) + np.arange(len(rows))
-    else:
-        seeds = per_row("seed").astype(np.int64) + np.tile(np.arange(sc.n), n_prompts)
-    bad = [t for t in sc.stop_token_ids if not 0 <= t < config.vocab_size]
-    if bad:
-        raise ValueError(f"stop_token_ids has token id {bad[0]} outside the vocabulary [0, {config.vocab_size})")
-    if sc.stop and tokenizer is None:
-        raise ValueError("stop strings need a tokenizer (the model has none): pass tokenizer= or use stop_token_ids")
-    stop_ids = tuple(dict.fromkeys(([] if sc.ignore_eos else list(config.eos_ids)) + list(sc.stop_token_ids)))
-    return Request(rows=rows, prompt_lens=lens, max_new_tokens=max_new, seeds=seeds,
-                   settings={name: per_row(name) for name in _SETTINGS}, stop_ids=stop_ids, sampling=sc)
+    gate_tau: float | None
+    min_pass_tokens: int
 
 
 @dataclasses.dataclass(frozen=True)
-class Buckets:
-    """The static shapes one call compiles for: ``batch`` rows, prompts padded to
-    ``prompt_len`` tokens, ``cache_len`` cache slots (also the token buffer's length)."""
-
-    batch: int
-    prompt_len: int
-    cache_len: int
-
-
-def _buckets(req: Request, window: int, data: int = 1) -> Buckets:
-    """Prompt length to a multiple of ``PROMPT_BUCKET``, cache slots (prompt bucket +
-    ``max_new_tokens`` + the verify window ``window``, ``engine.window``) to a multiple of
-    ``CACHE_BUCKET``, rows to ``batch_bucket`` (a multiple of the mesh's ``data`` axis)."""
-    p = _round_up(int(req.prompt_lens.max()), PROMPT_BUCKET)
-    cache_len = _round_up(p + int(req.max_new_tokens.max()) + window, CACHE_BUCKET)
-    if cache_len > INT32_MAX:  # positions are int32 (reachable only with a max_len near 2**31)
-        raise ValueError(f"the cache would need {cache_len} slots (prompt bucket {p} + max_new_tokens "
-                         f"{int(req.max_new_tokens.max())} + verify window {window}, rounded up to {CACHE_BUCKET}), "
-                         f"over 2**31 - 1 (int32 positions): lower max_new_tokens or max_len")
-    return Buckets(batch=batch_bucket(len(req.rows), data), prompt_len=p, cache_len=cache_len)
-
-
-def _inputs(req: Request, shapes: Buckets, config: ModelConfig, tokenizer,
-            synthetic_acceptance: synthetic.SyntheticAcceptance | None = None,
-            gate_tau: float | None = None) -> engine.Inputs:
-    """``engine.Inputs`` of a request already padded to ``shapes.batch`` rows (with synthetic
-    acceptance rates, and the acceptance gate's threshold, for every row when given)."""
-    from jaxspec import stopping
-
-    b, sc = len(req.rows), req.sampling
-    prompt = np.zeros((b, shapes.prompt_len), np.int32)
-    for i, r in enumerate(req.rows):
-        prompt[i, : len(r)] = r
-    stop_ids = list(req.stop_ids)
-    stop_ids += [-1] * (_round_up(max(len(stop_ids), 1), STOP_BUCKET) - len(stop_ids))  # -1 never matches
-    return engine.Inputs(
-        prompt=jnp.asarray(prompt),
-        prompt_lens=jnp.asarray(req.prompt_lens),
-        max_new_tokens=jnp.asarray(req.max_new_tokens),
-        sampling=SamplingParams.make(b, stop_ids=stop_ids, **req.settings),
-        keys=jax.vmap(jax.random.key)(jnp.asarray(req.seeds % (2**32), dtype=jnp.uint32)),
-        stops=stopping.make_tables(list(sc.stop), _token_table(tokenizer if sc.stop else None, config.vocab_size)),
-        synthetic_rates=None if synthetic_acceptance is None else synthetic_acceptance.row_rates(b),
-        gate_tau=None if gate_tau is None else jnp.full((b,), gate_tau, jnp.float32),
-    )
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Output:
-    """What the compiled program returns: the final ``engine.LoopState``'s fields of these
-    names (device arrays), or, after the one ``jax.device_get``, numpy arrays. B rows, S cache
-    slots (the package legend), gamma the deepest draft.
+class Setup:
+    """What ``_setup`` decided for one call.
 
     Attributes:
-      tokens: int32 ``[B, S]``: prompt, then generated tokens, up to ``seq_lens``.
-      seq_lens, n_steps, n_drafted, n_accepted: int32 ``[B]``.
-      accepted_at: int32 ``[B, gamma]``.
-      speculating: bool ``[B]``: False where the acceptance gate turned the row's drafts off.
-      logprobs: ``engine.Logprobs`` (``[B, S]``, ``[B, S, N]``, ``[B, S, N]``) or None.
+      program: the ``Program`` to run.
+      shapes: the ``request.Buckets`` it runs with.
+      drafter_params: the params the drafter runs on (``select_params``; placed by ``_inputs``
+        under a mesh), or None.
+      speculation: why the batch policy decoded plainly, or None (``policy.decide``).
+      gate_tau: the acceptance gate's threshold, or None (``policy.gate``).
+      synthetic: the ``SyntheticAcceptance`` of a benchmark call, or None.
     """
 
-    tokens: Any
-    seq_lens: Any
-    n_steps: Any
-    n_drafted: Any
-    n_accepted: Any
-    accepted_at: Any
-    speculating: Any
-    logprobs: Any
-
-    @classmethod
-    def of(cls, state: engine.LoopState) -> "Output":
-        """The fields of ``state`` that ``generate`` reports, read by name."""
-        return cls(**{f.name: getattr(state, f.name) for f in dataclasses.fields(cls)})
-
-    def rows(self, n: int) -> "Output":
-        """The first ``n`` rows (padded rows dropped)."""
-        return jax.tree_util.tree_map(lambda x: x[:n], self)
+    program: Program
+    shapes: request.Buckets
+    drafter_params: Any
+    speculation: str | None
+    gate_tau: float | None
+    synthetic: synthetic.SyntheticAcceptance | None
 
 
 def _signature(tree) -> tuple:
@@ -383,47 +200,35 @@ def _signature(tree) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(config: ModelConfig, drafter, max_len: int, logprobs: engine.LogprobsSpec | None, plan=None,
-            min_pass_tokens: int = 1, kernel: bool = False):
+def _jitted(program: Program):
     """The jitted program, returning an ``Output``; with a ``sharding.Plan`` it runs under
-    ``jax.shard_map`` on the plan's mesh, each shard with its per-shard config and drafter.
-    ``kernel``: ``cpu_matmul.active()`` when called (a key: the program traces differently)."""
-    def program(target, drafter_params, inputs, config=config, drafter=drafter):
+    ``jax.shard_map`` on the plan's mesh, each shard with its per-shard config and drafter."""
+    def run(target, drafter_params, inputs, config=program.config, drafter=program.drafter):
         return Output.of(engine.run_program(target, drafter_params, inputs, config=config, drafter=drafter,
-                                            max_len=max_len, logprobs=logprobs, min_pass_tokens=min_pass_tokens))
+                                            max_len=program.cache_len, logprobs=program.logprobs,
+                                            min_pass_tokens=program.min_pass_tokens, rule=program.rule))
 
-    # on CPU, XLA options that keep a token's sums in the same order in any window (cpu_matmul)
+    # on CPU with the kernel, XLA options that keep a token's sums in the same order in any window
+    plan = program.plan
     options = cpu_matmul.compiler_options(plan.mesh.devices.flat[0].platform if plan else jax.default_backend())
+    options = options if program.kernel else {}
     if plan is None:
-        return jax.jit(program, compiler_options=options)
-    return jax.jit(plan.wrap(functools.partial(program, config=plan.config, drafter=plan.drafter)),
-                   compiler_options=options)
+        return jax.jit(run, compiler_options=options)
+    return jax.jit(plan.wrap(functools.partial(run, config=plan.config, drafter=plan.drafter)), compiler_options=options)
 
 
-@functools.lru_cache(maxsize=8)
-def _token_table(tokenizer, vocab_size: int):
-    """Device token byte table (``jaxspec.stopping``), built once per tokenizer."""
-    from jaxspec import stopping
-
-    if tokenizer is None:
-        table, lens = np.zeros((vocab_size, stopping.TOKEN_BYTES_BUCKET), np.uint8), np.zeros(vocab_size, np.int32)
-    else:
-        table, lens = stopping.token_byte_table(tokenizer.token_bytes())
-        table = table.clip(0).astype(np.uint8)  # bytes past a token's length are never read
-    return jnp.asarray(table), jnp.asarray(lens)
-
-
-_COMPILED: dict = {}
+_COMPILED: dict = {}  # (Program, input signature) -> compiled executable
 _PAIRED: dict = {}  # (id(target), id(draft)) -> weak refs of the Model pair check_pair accepted
 
 
-def _run(fn, key, params, drafter_params, inputs) -> tuple[Output, float, float]:
-    """Compile (once per ``key``) and run; the ``Output`` comes to the host in ONE
-    ``jax.device_get`` of the pytree. Returns ``(numpy Output, compile_s, run_s)``."""
+def _run(program: Program, params, drafter_params, inputs) -> tuple[Output, float, float]:
+    """Compile (once per ``Program`` and input signature) and run; the ``Output`` comes to the
+    host in ONE ``jax.device_get`` of the pytree. Returns ``(numpy Output, compile_s, run_s)``."""
+    key = (program, _signature((params, drafter_params, inputs)))
     compile_s = 0.0
     if key not in _COMPILED:
         t0 = time.perf_counter()
-        _COMPILED[key] = fn.lower(params, drafter_params, inputs).compile()
+        _COMPILED[key] = _jitted(program).lower(params, drafter_params, inputs).compile()
         compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     out = _COMPILED[key](params, drafter_params, inputs)
@@ -447,6 +252,137 @@ def _check_drafter(drafter) -> None:
         kinds = ", ".join(f"jaxspec.{k}" for k in drafters.__all__ if k != "Drafter")
         raise ValueError(f"drafter must be None or a drafter instance, e.g. jaxspec.NGramDrafter(gamma=4) (one of "
                          f"{kinds}), got a {type(drafter).__name__}: {drafter!r:.80} (it lacks {', '.join(missing)})")
+
+
+def _check_settings(sampling, settings: dict) -> SamplingConfig:
+    """``sampling`` (default ``SamplingConfig()``) with the keyword ``settings`` applied."""
+    unknown = set(settings) - {f.name for f in dataclasses.fields(SamplingConfig)}
+    if unknown:
+        known = ", ".join(f.name for f in dataclasses.fields(SamplingConfig))
+        raise TypeError(f"generate() got unknown settings {sorted(unknown)}; sampling settings are: {known}")
+    if sampling is not None and not isinstance(sampling, SamplingConfig):
+        raise ValueError(f"sampling must be a jaxspec.SamplingConfig (or None), got a {type(sampling).__name__}: "
+                         f"{sampling!r:.80}; e.g. sampling=jaxspec.SamplingConfig(temperature=0.7), or pass the "
+                         f"settings as keywords (temperature=0.7)")
+    return dataclasses.replace(sampling or SamplingConfig(), **settings)
+
+
+def _check_model(model, config, tokenizer) -> tuple[Any, ModelConfig, Any]:
+    """``(params, config, tokenizer)`` of a ``Model`` or of a bare params pytree and ``config``."""
+    if isinstance(model, (str, os.PathLike)):
+        raise ValueError(f"model must be a jaxspec.Model (or a params pytree), got the name/path {model!r}: load "
+                         f"it first, model = jaxspec.load({str(model)!r}), and pass the model")
+    if isinstance(model, Model):
+        if config is not None and config != model.config:
+            raise ValueError("config is for a bare params pytree: a Model carries its own config, which config= "
+                             "would contradict (pass one or the other)")
+        params, config, tokenizer = model.params, model.config, tokenizer or model.tokenizer
+    else:
+        params = model
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config is required when model is a params pytree: a jaxspec.ModelConfig, got "
+                             f"{config!r:.80}")
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise ValueError(f"tokenizer must be a jaxspec Tokenizer (a Model's .tokenizer) or None, got a "
+                         f"{type(tokenizer).__name__}: {tokenizer!r:.80}")
+    return params, config, tokenizer
+
+
+def _draft_params(model, drafter, drafter_params):
+    """The draft model's params (a draft ``Model``'s, its tokenizer checked against the
+    target's once per pair), or ``drafter_params`` as given."""
+    if drafter is None and drafter_params is not None:
+        raise ValueError("drafter_params given without a drafter: pass the drafter they belong to "
+                         "(e.g. drafter=jaxspec.ModelDrafter(draft.config)), or drop them for plain decoding")
+    if not isinstance(drafter_params, Model):
+        return drafter_params
+    pair = (id(model), id(drafter_params))
+    seen = _PAIRED.get(pair)
+    if isinstance(model, Model) and (seen is None or seen[0]() is not model or seen[1]() is not drafter_params):
+        check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
+        _PAIRED[pair] = (weakref.ref(model), weakref.ref(drafter_params))
+    return drafter_params.params
+
+
+def _check_max_len(max_len, config: ModelConfig, allow_long_context: bool) -> None:
+    if max_len is not None and (not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool)
+                                or not 1 <= max_len <= INT32_MAX):
+        raise ValueError(f"max_len must be None or an integer in [1, 2**31 - 1], got {max_len!r:.80}")
+    if max_len is not None and max_len > config.max_position and not allow_long_context:
+        raise ValueError(f"max_len ({max_len}) exceeds the context of {config.name} ({config.max_position} positions): "
+                         "the model never saw positions past it; pass allow_long_context=True to run them anyway")
+
+
+def _fit(drafter, drafter_params, config: ModelConfig, max_len: int | None, least: int) -> None:
+    """Raise ``ValueError`` unless the drafter serves the target and its window fits ``max_len``."""
+    if drafter is None:
+        return
+    drafter.validate(config, drafter_params)
+    limit = config.max_position if max_len is None else max_len
+    if engine.window(drafter, least) + 1 > limit:
+        raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
+                         f"({limit}) with {drafter!r}: lower tree_nodes (or gamma); for lookahead, window, "
+                         f"ngram or guesses (nodes = (window + guesses) x (ngram - 1))")
+
+
+def _check(model, sampling, settings: dict, config, tokenizer, drafter, drafter_params, *, chat: bool, max_len,
+           allow_long_context: bool, shard_drafter: bool, synthetic_acceptance, allow_synthetic_acceptance: bool,
+           disable_by_batch_size, disable_by_acceptance) -> Call:
+    """Every check of ``generate``'s arguments but the prompt's (``request.make``), in one
+    place, in the order the errors are raised (``generate``'s Raises); returns the ``Call``."""
+    sc = _check_settings(sampling, settings)
+    for name, flag in (("chat", chat), ("allow_long_context", allow_long_context), ("shard_drafter", shard_drafter)):
+        check_bool(name, flag)  # (allow_synthetic_acceptance: synthetic.check wants it to be True itself)
+    _check_drafter(drafter)
+    params, config, tokenizer = _check_model(model, config, tokenizer)
+    drafter_params = _draft_params(model, drafter, drafter_params)
+    _check_max_len(max_len, config, allow_long_context)
+    least = engine.min_pass_tokens()  # the fewest tokens a target pass runs on this backend
+    _fit(drafter, drafter_params, config, max_len, least)
+    synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
+    policy.limit(disable_by_batch_size, drafter)  # its value checked here, applied by _setup (policy.decide)
+    gate_tau = policy.gate(disable_by_acceptance, drafter)  # checked against the drafter asked for
+    return Call(params, config, tokenizer, drafter, drafter_params, sc, gate_tau, least)
+
+
+def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synthetic_acceptance,
+           disable_by_batch_size) -> Setup:
+    """The ``Program`` of this call and what decided it: the batch policy (which may drop the
+    drafter and the gate; synthetic acceptance is never gated), the mesh plan, the shape
+    buckets, the logprobs asked for, the acceptance rule."""
+    drafter, drafter_params, gate_tau = call.drafter, call.drafter_params, call.gate_tau
+    speculation = policy.decide(disable_by_batch_size, drafter, len(req.rows), synthetic_acceptance is not None)
+    if speculation is not None:
+        drafter = drafter_params = gate_tau = None
+    if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
+        gate_tau = None
+    plan = None
+    if mesh is not None:
+        from jaxspec import sharding
+
+        plan = sharding.plan(mesh, call.config, drafter, shard_drafter)
+    elif drafter is not None:
+        drafter_params = drafter.select_params(call.params, drafter_params)
+    shapes = request.buckets(req, engine.window(drafter, call.min_pass_tokens), 1 if plan is None else plan.data)
+    sc = call.sampling
+    lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
+    rule = acceptance.EXACT if synthetic_acceptance is None else synthetic.SYNTHETIC
+    program = Program(call.config, drafter, shapes.cache_len, lp_spec, plan, call.min_pass_tokens, rule,
+                      cpu_matmul.active())
+    return Setup(program, shapes, drafter_params, speculation, gate_tau, synthetic_acceptance)
+
+
+def _inputs(call: Call, req: request.Request, setup: Setup):
+    """``(params, drafter_params, engine.Inputs)`` of the request padded to the batch bucket,
+    placed on the mesh under a plan."""
+    b = setup.shapes.batch
+    rates = None if setup.synthetic is None else setup.synthetic.row_rates(b)
+    inputs = request.inputs(req.padded(b), setup.shapes, call.config.vocab_size, call.tokenizer, rates,
+                            setup.gate_tau)
+    plan = setup.program.plan
+    if plan is None:
+        return call.params, setup.drafter_params, inputs
+    return plan.place(call.params, setup.drafter_params, inputs, call.config, setup.program.drafter)
 
 
 def generate(
@@ -554,137 +490,16 @@ def generate(
         before anything is compiled.
       TypeError: an unknown setting.
     """
-    unknown = set(settings) - {f.name for f in dataclasses.fields(SamplingConfig)}
-    if unknown:
-        known = ", ".join(f.name for f in dataclasses.fields(SamplingConfig))
-        raise TypeError(f"generate() got unknown settings {sorted(unknown)}; sampling settings are: {known}")
-    if sampling is not None and not isinstance(sampling, SamplingConfig):
-        raise ValueError(f"sampling must be a jaxspec.SamplingConfig (or None), got a {type(sampling).__name__}: "
-                         f"{sampling!r:.80}; e.g. sampling=jaxspec.SamplingConfig(temperature=0.7), or pass the "
-                         f"settings as keywords (temperature=0.7)")
-    sc = dataclasses.replace(sampling or SamplingConfig(), **settings)
-    for name, flag in (("chat", chat), ("allow_long_context", allow_long_context), ("shard_drafter", shard_drafter)):
-        check_bool(name, flag)  # (allow_synthetic_acceptance: synthetic.check wants it to be True itself)
-    _check_drafter(drafter)
-    if isinstance(model, (str, os.PathLike)):
-        raise ValueError(f"model must be a jaxspec.Model (or a params pytree), got the name/path {model!r}: load "
-                         f"it first, model = jaxspec.load({str(model)!r}), and pass the model")
-    if isinstance(model, Model):
-        if config is not None and config != model.config:
-            raise ValueError("config is for a bare params pytree: a Model carries its own config, which config= "
-                             "would contradict (pass one or the other)")
-        params, config, tokenizer = model.params, model.config, tokenizer or model.tokenizer
-    else:
-        params = model
-        if not isinstance(config, ModelConfig):
-            raise ValueError(f"config is required when model is a params pytree: a jaxspec.ModelConfig, got "
-                             f"{config!r:.80}")
-    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
-        raise ValueError(f"tokenizer must be a jaxspec Tokenizer (a Model's .tokenizer) or None, got a "
-                         f"{type(tokenizer).__name__}: {tokenizer!r:.80}")
-    if drafter is None and drafter_params is not None:
-        raise ValueError("drafter_params given without a drafter: pass the drafter they belong to "
-                         "(e.g. drafter=jaxspec.ModelDrafter(draft.config)), or drop them for plain decoding")
-    if isinstance(drafter_params, Model):
-        pair = (id(model), id(drafter_params))
-        seen = _PAIRED.get(pair)
-        if isinstance(model, Model) and (seen is None or seen[0]() is not model or seen[1]() is not drafter_params):
-            check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
-            _PAIRED[pair] = (weakref.ref(model), weakref.ref(drafter_params))
-        drafter_params = drafter_params.params
-    if max_len is not None and (not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool)
-                                or not 1 <= max_len <= INT32_MAX):
-        raise ValueError(f"max_len must be None or an integer in [1, 2**31 - 1], got {max_len!r:.80}")
-    if max_len is not None and max_len > config.max_position and not allow_long_context:
-        raise ValueError(f"max_len ({max_len}) exceeds the context of {config.name} ({config.max_position} positions): "
-                         "the model never saw positions past it; pass allow_long_context=True to run them anyway")
-    req = _request(prompt, sc, config, tokenizer, chat, max_len)
-    least = engine.min_pass_tokens()  # the fewest tokens a target pass runs on this backend
-    if drafter is not None:
-        drafter.validate(config, drafter_params)
-        limit = config.max_position if max_len is None else max_len
-        if engine.window(drafter, least) + 1 > limit:
-            raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
-                             f"({limit}) with {drafter!r}: lower tree_nodes (or gamma); for lookahead, window, ngram "
-                             f"or guesses (nodes = (window + guesses) x (ngram - 1))")
-    synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
-    gate_tau = policy.gate(disable_by_acceptance, drafter)  # checked against the drafter asked for
-    speculation = policy.decide(disable_by_batch_size, drafter, len(req.rows), synthetic_acceptance is not None)
-    if speculation is not None:
-        drafter = drafter_params = gate_tau = None
-    if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
-        gate_tau = None
-    plan = None
-    if mesh is not None:
-        from jaxspec import sharding
-
-        plan = sharding.plan(mesh, config, drafter, shard_drafter)
-    elif drafter is not None:
-        drafter_params = drafter.select_params(params, drafter_params)
-    gamma = draft_window(drafter)
-
-    shapes = _buckets(req, engine.window(drafter, least), 1 if plan is None else plan.data)
-    inputs = _inputs(req.padded(shapes.batch), shapes, config, tokenizer, synthetic_acceptance, gate_tau)
-    lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
-    if plan is not None:
-        params, drafter_params, inputs = plan.place(params, drafter_params, inputs, config, drafter)
-    kernel = cpu_matmul.active()
-    fn = _jitted(config, drafter, shapes.cache_len, lp_spec, plan, least, kernel)
-    key = (config, drafter, shapes.cache_len, lp_spec, least, kernel, _signature((params, drafter_params, inputs)))
-    key += (plan,) if plan else ()  # mesh=None: the single-device key, unchanged
+    call = _check(model, sampling, settings, config, tokenizer, drafter, drafter_params, chat=chat, max_len=max_len,
+                  allow_long_context=allow_long_context, shard_drafter=shard_drafter,
+                  synthetic_acceptance=synthetic_acceptance, allow_synthetic_acceptance=allow_synthetic_acceptance,
+                  disable_by_batch_size=disable_by_batch_size, disable_by_acceptance=disable_by_acceptance)
+    req = request.make(prompt, call.sampling, call.config, call.tokenizer, chat, max_len)
+    setup = _setup(call, req, mesh=mesh, shard_drafter=shard_drafter, synthetic_acceptance=synthetic_acceptance,
+                   disable_by_batch_size=disable_by_batch_size)
+    params, drafter_params, inputs = _inputs(call, req, setup)
     if synthetic_acceptance is not None:
         synthetic.warn(synthetic_acceptance)
-    out, compile_s, run_s = _run(fn, key, params, drafter_params, inputs)
-    return _result(out.rows(len(req.rows)), req, gamma, tokenizer, compile_s, run_s, synthetic_acceptance,
-                   speculation, gate_tau)
-
-
-def _result(out: Output, req: Request, gamma: int, tokenizer, compile_s: float, run_s: float,
-            synthetic_acceptance: synthetic.SyntheticAcceptance | None = None,
-            speculation: str | None = None, gate_tau: float | None = None) -> GenerationResult:
-    """``GenerationResult`` of the request's rows from the program's ``Output`` (numpy),
-    marked synthetic when ``synthetic_acceptance`` ran; ``speculation``: why the policy
-    decoded plainly, or None; ``gate_tau``: the acceptance gate's threshold, or None."""
-    from jaxspec import stopping
-
-    sc, lens, seq_lens = req.sampling, req.prompt_lens, out.seq_lens
-    tokens = [out.tokens[i, lens[i] : seq_lens[i]].tolist() for i in range(len(req.rows))]
-    metrics = Metrics(
-        prompt_tokens=lens,
-        new_tokens=seq_lens - lens,
-        target_forwards=out.n_steps + 1,
-        drafted=out.n_drafted,
-        accepted=out.n_accepted,
-        accepted_at=out.accepted_at,
-        gamma=gamma,
-        compile_s=compile_s,
-        run_s=run_s,
-        synthetic=synthetic_acceptance is not None,
-        synthetic_rates=() if synthetic_acceptance is None else synthetic_acceptance.rates,
-        speculation=speculation,
-        gate_tau=gate_tau,
-        gated=~out.speculating if gate_tau is not None else np.zeros(len(lens), bool),
-    )
-    texts, reasons, stop_reasons = None if tokenizer is None else [], [], []
-    min_new = req.settings["min_new_tokens"]
-    for i, t in enumerate(tokens):
-        reason = t[-1] if t and t[-1] in req.stop_ids else None
-        if tokenizer is not None:
-            text = tokenizer.decode(t)
-            if sc.stop:
-                before = len(tokenizer.decode(t[: min_new[i] - 1])) if min_new[i] > 1 else 0
-                text, matched = stopping.cut_text(text, list(sc.stop), before, sc.include_stop_str_in_output)
-                reason = matched if matched is not None else reason
-            texts.append(text)
-        reasons.append("stop" if reason is not None else "length")
-        stop_reasons.append(reason)
-    logprobs = top_logprobs = None
-    if out.logprobs is not None:
-        lp = out.logprobs
-        span = [slice(lens[i], seq_lens[i]) for i in range(len(tokens))]
-        logprobs = [lp.chosen[i, s].tolist() for i, s in enumerate(span)]
-        top_logprobs = [[list(zip(ids, lps)) for ids, lps in zip(lp.top_ids[i, s].tolist(), lp.top[i, s].tolist())]
-                        for i, s in enumerate(span)]
-    return GenerationResult(tokens=tokens, texts=texts, metrics=metrics, finish_reasons=reasons,
-                            stop_reasons=stop_reasons, logprobs=logprobs, top_logprobs=top_logprobs,
-                            synthetic=synthetic_acceptance is not None)
+    out, compile_s, run_s = _run(setup.program, params, drafter_params, inputs)
+    return result.make(out.rows(len(req.rows)), req, setup.program.gamma, call.tokenizer, compile_s, run_s,
+                       synthetic_acceptance, setup.speculation, setup.gate_tau)

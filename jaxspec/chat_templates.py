@@ -1,4 +1,5 @@
-"""Chat templates for model files that ship without one.
+"""Chat templates: rendering them (``compile_template``, used by ``Tokenizer.apply_chat_template``),
+and the templates for model files that ship without one.
 
 The Gemma 3 270M GGUF (converted by llama.cpp's GGUF-my-repo from ``google/gemma-3-270m``)
 has no ``tokenizer.chat_template``. ``GEMMA3`` is the text part of the template in Google's
@@ -7,6 +8,11 @@ has no ``tokenizer.chat_template``. ``GEMMA3`` is the text part of the template 
 Generation ends at ``<end_of_turn>`` (id 106), which the model's ``generation_config.json``
 lists as an EOS id next to ``<eos>`` (id 1).
 """
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
 
 GEMMA3_END_OF_TURN = "<end_of_turn>"
 
@@ -44,3 +50,47 @@ def fill_gaps(meta: dict) -> dict:
     if "tokenizer.ggml.eot_token_id" not in meta and GEMMA3_END_OF_TURN in tokens:
         meta["tokenizer.ggml.eot_token_id"] = tokens.index(GEMMA3_END_OF_TURN)
     return meta
+
+
+def _raise_exception(message):
+    import jinja2
+
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+def compile_template(source: str):
+    """``source``, a Jinja chat template, compiled in a sandboxed environment as transformers
+    renders it (``tojson``, ``raise_exception``, ``strftime_now``, ``{% generation %}``,
+    loop controls)."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class _Generation(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}`` (HF assistant masks): render the body."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+        def _render(self, caller):
+            return caller()
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source)

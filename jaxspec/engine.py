@@ -20,8 +20,10 @@ a second one of plain steps (``run_program``), which never runs the drafter.
 On a backend in ``MIN_PASS_TOKENS`` (an accelerator whose 1-token pass is slower than a
 2-token one) a plain step's pass and an abstaining drafter's narrowest verify run at least
 that many tokens (``run_program``).
-For benchmarks only, ``Inputs.synthetic_rates`` swaps the acceptance rule for random
-acceptance at chosen rates (``jaxspec.synthetic``, NOT lossless); nothing else changes.
+The acceptance rule is static (``run_program``'s ``rule``): ``acceptance.EXACT``, or, for
+benchmarks only, ``synthetic.SYNTHETIC``: random acceptance at the rates
+``Inputs.synthetic_rates`` (``jaxspec.synthetic``, NOT lossless), which verifies the full
+window every step and never gates; nothing else changes.
 
 Sampling settings travel as per-row arrays (``SamplingParams``); the loop carries the
 ``History`` of generated tokens that penalties and ``min_new_tokens`` read, so the token
@@ -99,7 +101,7 @@ class Inputs:
     keys: jax.Array  # [B] PRNG keys
     stops: StopTables  # stop strings (possibly none) and the token byte table
     # float32 [B, gamma]: conditional acceptance rates of SYNTHETIC acceptance (jaxspec.synthetic,
-    # not lossless), or None (the default: real verification). None vs an array is static.
+    # not lossless; ``run_program(rule=synthetic.SYNTHETIC)``), or None (the default: real verification).
     synthetic_rates: jax.Array | None = None
     # float32 [B]: the acceptance gate's threshold per row (jaxspec.policy), or None (no gate,
     # static): a row whose mean tokens per verify step over its last GATE_WINDOW steps is below
@@ -132,31 +134,6 @@ def _write_logprobs(lp: Logprobs | None, values, start) -> Logprobs | None:
     )
 
 
-def _stop_strings(stops: StopTables, tail, new, allowed):
-    """Append ``new [B, T]`` token by token to ``tail``; returns the tails after each token
-    ``[B, T, L]`` and where a stop string completed ``bool [B, T]`` (counted where ``allowed``)."""
-
-    def scan(tail):
-        tails, hits = [], []
-        for j in range(new.shape[1]):
-            tail, hit = stopping.append(stops, tail, new[:, j])
-            tails.append(tail)
-            hits.append(hit)
-        return jnp.stack(tails, axis=1), jnp.stack(hits, axis=1) & allowed
-
-    def skip(tail):
-        return jnp.repeat(tail[:, None], new.shape[1], axis=1), jnp.zeros(new.shape, bool)
-
-    return jax.lax.cond(jnp.any(stops.active), scan, skip, tail)
-
-
-def _may_stop(sp: SamplingParams, n_generated, width: int):
-    """bool ``[B, width]``: whether a stop string completed by the j-th of the next ``width``
-    tokens (generated token number ``n_generated + j``, from 0) counts: only once the output
-    holds ``min_new_tokens`` tokens, as vLLM."""
-    return (n_generated[:, None] + jnp.arange(width)[None] + 1) >= sp.min_new_tokens[:, None]
-
-
 def _capture(drafter) -> tuple[int, ...]:
     return () if drafter is None else drafter.capabilities.capture
 
@@ -183,8 +160,8 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
         n = logprobs.n_top
         lp = Logprobs(jnp.zeros((b, max_len)), jnp.zeros((b, max_len, n), jnp.int32), jnp.zeros((b, max_len, n)))
         lp = _write_logprobs(lp, logprobs.of(logits, probs, first[:, None]), inputs.prompt_lens)
-    tails, hit = _stop_strings(inputs.stops, stopping.empty_tail(b, inputs.stops), first[:, None],
-                               _may_stop(sp, history.n_generated, 1))
+    tails, hit = stopping.completed(inputs.stops, stopping.empty_tail(b, inputs.stops), first[:, None],
+                                    stopping.may_stop(sp, history.n_generated, 1))
     prefill = Prefill(inputs.prompt, inputs.prompt_lens, out.captured, out.hidden)
     drafter_state = None if drafter is None else drafter.init(drafter_params, prefill, max_len)
     zeros = jnp.zeros((b,), jnp.int32)
@@ -205,6 +182,12 @@ def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Input
         speculating=jnp.ones((b,), bool),
         recent=jnp.zeros((b, policy.GATE_WINDOW), jnp.int32),
     )
+
+
+def gamma(drafter) -> int:
+    """The deepest draft of ``drafter``'s proposals, 0 for plain decoding (None): the one place
+    it is read (the loop's per-depth counts, the metrics' columns)."""
+    return 0 if drafter is None else drafter.gamma
 
 
 @jax.tree_util.register_dataclass
@@ -235,9 +218,10 @@ def _along(x: jax.Array, path: jax.Array) -> jax.Array:
 
 
 def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: Proposal, capture, logprobs,
-            width: int, min_pass_tokens: int, write_first: bool = False) -> _Verified:
+            width: int, min_pass_tokens: int, rule=acceptance.EXACT, write_first: bool = False) -> _Verified:
     """ONE target forward over the window ``[root, nodes]`` with the tree's ancestor mask, and
-    acceptance; outputs padded to ``width`` (W) entries so a smaller tree fits the same state.
+    acceptance by ``rule``; outputs padded to ``width`` (W) entries so a smaller tree fits
+    the same state.
 
     ``write_first`` (plain decoding, outside any conditional): the window, one token that is
     always kept, is written into the cache before the attention reads it, and ``cache`` comes
@@ -269,10 +253,7 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
         out = models.forward(target, config, tree.tokens, positions, s.cache, mask=mask, capture=capture,
                              write=False)
     p = processed_probs(out.logits, inputs.sampling, s.history, tree)
-    if inputs.synthetic_rates is None:
-        acc = acceptance.accept(fold_rows(keys, 1), p, proposal.q, tree)
-    else:  # benchmarking only: the same forward and commit, drafts kept at random (NOT lossless)
-        acc = synthetic.accept(fold_rows(keys, 1), p, tree, inputs.synthetic_rates)
+    acc = rule.accept(fold_rows(keys, 1), p, proposal, tree, inputs)
     lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
     pad = functools.partial(_pad_window, width=width)
     accepted = acceptance.Accepted(acc.n_accepted, pad(acc.path), pad(acc.tokens))
@@ -290,9 +271,9 @@ def _first_nodes(proposal: Proposal, n: int) -> Proposal:
     return Proposal(proposal.tokens[:, :n], proposal.parents[:, :n], proposal.valid[:, :n], q)
 
 
-def _gated(drafter, inputs: Inputs) -> bool:
-    """Whether this program runs the acceptance gate (static)."""
-    return drafter is not None and inputs.gate_tau is not None and inputs.synthetic_rates is None
+def _gated(drafter, inputs: Inputs, rule) -> bool:
+    """Whether this program runs the acceptance gate (static): never under synthetic acceptance."""
+    return drafter is not None and inputs.gate_tau is not None and rule.narrows
 
 
 def _gate(inputs: Inputs, s: LoopState, n_keep, active, done):
@@ -308,72 +289,74 @@ def _gate(inputs: Inputs, s: LoopState, n_keep, active, done):
     return s.speculating & ~(active & ~done & full & low), recent
 
 
-def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, min_pass_tokens: int,
-               s: LoopState):
-    keys = fold_rows(inputs.keys, s.step + 1)
-    root = jnp.take_along_axis(s.tokens, (s.seq_lens - 1)[:, None], axis=1)[:, 0]
-    b = root.shape[0]
+def _draft(drafter, drafter_params, inputs: Inputs, rule, keys, root, s: LoopState):
+    """``(drafter state, Proposal)`` of this step: the drafter's tree (none for plain decoding;
+    rows the acceptance gate turned off propose nothing), as ``rule`` verifies it."""
+    if drafter is None:  # plain decoding (a gated program's second loop passes the drafter's state on)
+        return s.drafter_state, Proposal.empty(root.shape[0])
+    context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), inputs.sampling, s.history)
+    drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
+    if _gated(drafter, inputs, rule):
+        proposal = dataclasses.replace(proposal, valid=proposal.valid & s.speculating[:, None])
+    return drafter_state, rule.fill(proposal, root)
+
+
+def _verify_step(target, config, drafter, inputs: Inputs, rule, keys, root, s: LoopState, proposal: Proposal,
+                 logprobs, min_pass_tokens: int) -> _Verified:
+    """The target's verification of ``proposal`` (``_verify``), at the narrowest of a few
+    static widths for an abstaining drafter under a rule that ``narrows``: no draft at all is
+    a one-token step, one chain of a tree (the best n-gram match alone) a (gamma + 1)-token
+    one, and the drafter's own; none under ``min_pass_tokens`` (an abstaining row's nodes
+    there are invalid: rejected)."""
+    verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
+                               logprobs=logprobs, width=proposal.n_nodes + 1, min_pass_tokens=min_pass_tokens,
+                               rule=rule)
+    if drafter is None or not (drafter.capabilities.abstains and rule.narrows):
+        return verify(proposal, write_first=drafter is None)
+    least = min(min_pass_tokens - 1, proposal.n_nodes)
+    widths = sorted({max(w, least) for w in (0, drafter.gamma, proposal.n_nodes, *drafter.capabilities.verify_widths)})
+    node = jnp.arange(1, proposal.n_nodes + 1)[None]
+    used = jnp.max(jnp.where(proposal.valid & ~s.done[:, None], node, 0))
+    pick = sum((used > w).astype(jnp.int32) for w in widths[:-1])
+    return jax.lax.switch(pick, [functools.partial(verify, _first_nodes(proposal, w)) for w in widths])
+
+
+def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, rule, s: LoopState, v: _Verified,
+            width: int) -> LoopState:
+    """The next ``LoopState``: each active row keeps its accepted path and the replacement or
+    bonus token, cut at the first stop id or completed stop string and at ``max_new_tokens``
+    (``jaxspec.stopping``); the path's keys and values are written, the drafter told what was
+    kept, the counts and the acceptance gate updated."""
     sp = inputs.sampling
-    gated = _gated(drafter, inputs)
-    with jax.named_scope("draft"):
-        if drafter is None:  # plain decoding (a gated program's second loop passes the drafter's state on)
-            drafter_state, proposal = s.drafter_state, Proposal.empty(b)
-        else:
-            context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), sp, s.history)
-            drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
-            if gated:  # rows the gate turned off propose nothing
-                proposal = dataclasses.replace(proposal, valid=proposal.valid & s.speculating[:, None])
-            if inputs.synthetic_rates is not None:
-                proposal = synthetic.fill(proposal, root)  # the full window, every step
-    width = proposal.n_nodes + 1
-    with jax.named_scope("verify"):
-        verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
-                                   logprobs=logprobs, width=width, min_pass_tokens=min_pass_tokens)
-        if drafter is not None and drafter.capabilities.abstains and inputs.synthetic_rates is None:
-            # Verify the shortest prefix of the nodes that holds every active row's valid nodes,
-            # among a few static widths: no draft at all is a one-token step, one chain of a
-            # tree (the best n-gram match alone) a (gamma + 1)-token one, and the drafter's own;
-            # none under min_pass_tokens (an abstaining row's nodes there are invalid: rejected).
-            least = min(min_pass_tokens - 1, proposal.n_nodes)
-            widths = sorted({max(w, least) for w in (0, drafter.gamma, proposal.n_nodes,
-                                                     *drafter.capabilities.verify_widths)})
-            node = jnp.arange(1, proposal.n_nodes + 1)[None]
-            used = jnp.max(jnp.where(proposal.valid & ~s.done[:, None], node, 0))
-            pick = sum((used > w).astype(jnp.int32) for w in widths[:-1])
-            v = jax.lax.switch(pick, [functools.partial(verify, _first_nodes(proposal, w)) for w in widths])
-        else:
-            v = verify(proposal, write_first=drafter is None)
-    with jax.named_scope("commit"):
-        # No valid node is deeper than gamma, so at most gamma + 1 tokens are emitted: the stop
-        # checks (unrolled per token) read only those, however wide the window (a lookahead
-        # window's invalid nodes go deeper).
-        emit = min(gamma + 1, width)
-        n_acc, new = v.accepted.n_accepted, v.accepted.tokens[:, :emit]
-        slot = jnp.arange(emit)[None]
-        in_block = slot <= n_acc[:, None]
-        may_stop = in_block & _may_stop(sp, s.history.n_generated, emit)
-        tails, string_stop = _stop_strings(inputs.stops, s.tail, new, may_stop)
-        is_stop = (sp.is_stop(new) | string_stop) & in_block
-        first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), emit)
-        room = inputs.max_new_tokens - (s.seq_lens - inputs.prompt_lens)
-        n_keep = jnp.minimum(jnp.minimum(n_acc + 1, first_stop + 1), room)
-        active = ~s.done
-        n_keep = jnp.where(active, n_keep, 0)
-        tokens = cache_lib.write(s.tokens, new, s.seq_lens)
-        seq_lens = s.seq_lens + n_keep
-        done = s.done | (first_stop < n_keep) | (n_keep >= room)
-        kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
-        tail = jnp.where((n_keep > 0)[:, None], kept_tail, s.tail)
-        counted = active.astype(jnp.int32)
-        # Drafts that verification accepted but a stop or max_new_tokens then cut off were
-        # never emitted: the metrics count the emitted ones (n_keep holds the accepted drafts
-        # first, then the replacement/bonus token).
-        n_emitted_drafts = jnp.minimum(n_acc, n_keep)
-        if drafter is not None:
-            committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
-                                  v.captured, v.argmax)
-            drafter_state = drafter.commit(drafter_params, drafter_state, committed)
-        speculating, recent = _gate(inputs, s, n_keep, active, done) if gated else (s.speculating, s.recent)
+    # No valid node is deeper than gamma, so at most gamma + 1 tokens are emitted: the stop
+    # checks (unrolled per token) read only those, however wide the window (a lookahead
+    # window's invalid nodes go deeper).
+    emit = min(gamma + 1, width)
+    n_acc, new = v.accepted.n_accepted, v.accepted.tokens[:, :emit]
+    slot = jnp.arange(emit)[None]
+    in_block = slot <= n_acc[:, None]
+    may_stop = in_block & stopping.may_stop(sp, s.history.n_generated, emit)
+    tails, string_stop = stopping.completed(inputs.stops, s.tail, new, may_stop)
+    is_stop = (sp.is_stop(new) | string_stop) & in_block
+    first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), emit)
+    room = inputs.max_new_tokens - (s.seq_lens - inputs.prompt_lens)
+    active = ~s.done
+    n_keep = jnp.where(active, jnp.minimum(jnp.minimum(n_acc + 1, first_stop + 1), room), 0)
+    tokens = cache_lib.write(s.tokens, new, s.seq_lens)
+    seq_lens = s.seq_lens + n_keep
+    done = s.done | (first_stop < n_keep) | (n_keep >= room)
+    kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
+    counted = active.astype(jnp.int32)
+    # Drafts that verification accepted but a stop or max_new_tokens then cut off were never
+    # emitted: the metrics count the emitted ones (n_keep holds the accepted drafts first, then
+    # the replacement/bonus token).
+    n_emitted_drafts = jnp.minimum(n_acc, n_keep)
+    if drafter is not None:
+        committed = Committed(tokens, seq_lens, n_acc * counted, v.accepted.path, s.seq_lens - 1, v.hidden,
+                              v.captured, v.argmax)
+        drafter_state = drafter.commit(drafter_params, drafter_state, committed)
+    gated = _gated(drafter, inputs, rule)
+    speculating, recent = _gate(inputs, s, n_keep, active, done) if gated else (s.speculating, s.recent)
     return LoopState(
         tokens=tokens,
         seq_lens=seq_lens,
@@ -381,7 +364,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         cache=s.cache.write(v.kv, s.seq_lens - 1) if v.cache is None else v.cache,
         drafter_state=drafter_state,
         history=s.history.add(new, slot < n_keep[:, None]),
-        tail=tail,
+        tail=jnp.where((n_keep > 0)[:, None], kept_tail, s.tail),
         logprobs=_write_logprobs(s.logprobs, v.logprobs, s.seq_lens),
         step=s.step + 1,
         n_steps=s.n_steps + counted,
@@ -391,6 +374,19 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
         speculating=speculating,
         recent=recent,
     )
+
+
+def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, min_pass_tokens: int,
+               rule, s: LoopState) -> LoopState:
+    """One loop iteration: draft -> verify (and accept, by ``rule``) -> commit."""
+    keys = fold_rows(inputs.keys, s.step + 1)
+    root = jnp.take_along_axis(s.tokens, (s.seq_lens - 1)[:, None], axis=1)[:, 0]
+    with jax.named_scope("draft"):
+        drafter_state, proposal = _draft(drafter, drafter_params, inputs, rule, keys, root, s)
+    with jax.named_scope("verify"):
+        v = _verify_step(target, config, drafter, inputs, rule, keys, root, s, proposal, logprobs, min_pass_tokens)
+    with jax.named_scope("commit"):
+        return _commit(drafter, drafter_params, drafter_state, inputs, gamma, rule, s, v, proposal.n_nodes + 1)
 
 
 # jax backend -> ``run_program``'s ``min_pass_tokens`` there. On the H200
@@ -440,7 +436,7 @@ def window(drafter, min_pass_tokens: int = 1) -> int:
 
 def run_program(
     target, drafter_params, inputs: Inputs, *, config: ModelConfig, drafter, max_len: int,
-    logprobs: LogprobsSpec | None = None, min_pass_tokens: int = 1,
+    logprobs: LogprobsSpec | None = None, min_pass_tokens: int = 1, rule=acceptance.EXACT,
 ) -> LoopState:
     """The whole generation as one traceable function (jit it with the static keywords).
 
@@ -456,23 +452,28 @@ def run_program(
         1-token pass is slower than a wider one (``MIN_PASS_TOKENS``). On CPU in float32 the
         tokens are the unpadded program's (tests/test_engine.py); on an accelerator a wider
         pass runs other kernels and may round differently.
+      rule: the acceptance rule, ``acceptance.EXACT`` (default) or, for benchmarks only,
+        ``synthetic.SYNTHETIC`` (which reads ``inputs.synthetic_rates``).
 
     Raises:
-      ValueError: ``min_pass_tokens`` < 1.
+      ValueError: ``min_pass_tokens`` < 1; ``synthetic.SYNTHETIC`` without ``inputs.synthetic_rates``
+        or rates under another rule.
 
     Returns:
       The final ``LoopState``.
     """
     if min_pass_tokens < 1:
         raise ValueError(f"min_pass_tokens must be >= 1, got {min_pass_tokens}")
-    gamma = 0 if drafter is None else drafter.gamma
-    state = _prefill(target, config, drafter, drafter_params, inputs, max_len, gamma, logprobs)
-    step = functools.partial(_spec_step, target, config, drafter, drafter_params, inputs, gamma, logprobs,
-                             min_pass_tokens)
-    if not _gated(drafter, inputs):
+    if (inputs.synthetic_rates is not None) != isinstance(rule, synthetic.Synthetic):
+        raise ValueError("inputs.synthetic_rates go with rule=SYNTHETIC, and only with it")
+    g = gamma(drafter)
+    state = _prefill(target, config, drafter, drafter_params, inputs, max_len, g, logprobs)
+    step = functools.partial(_spec_step, target, config, drafter, drafter_params, inputs, g, logprobs,
+                             min_pass_tokens, rule)
+    if not _gated(drafter, inputs, rule):
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
     # The acceptance gate: speculate while some active row still does (rows it turned off
     # propose nothing), then plain steps, without the drafter, for the rows still going.
     state = jax.lax.while_loop(lambda s: jnp.any(s.speculating & ~s.done), step, state)
-    plain = functools.partial(_spec_step, target, config, None, None, inputs, gamma, logprobs, min_pass_tokens)
+    plain = functools.partial(_spec_step, target, config, None, None, inputs, g, logprobs, min_pass_tokens, rule)
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain, state)

@@ -13,7 +13,7 @@ greedy tokens and the same output distribution, so the policy changes speed, nev
 (sampled tokens for a given seed differ, as they differ between any two drafters).
 
 ``disable_by_batch_size``:
-- ``"auto"`` (default): ``MEASURED[(backend, drafter class)]``, the largest batch at which the
+- ``"auto"`` (default): ``MEASURED[(backend, drafter kind)]``, the largest batch at which the
   drafter was measured faster than plain decoding on that backend
   (``benchmarks/batch_sweep.py``; the measurements are in ``benchmarks/results/``); a pair
   that was not measured is never disabled;
@@ -41,7 +41,7 @@ tokens, same output distribution. Measured with these thresholds (batch 1, greed
 EAGLE 0.98x -> 0.99x (``benchmarks/results/spec_bench_*-gate_cpu_2026-12-04.md``).
 
 ``disable_by_acceptance``:
-- ``"auto"`` (default): ``BREAK_EVEN[(backend, drafter class, gamma)]``, the tau below which
+- ``"auto"`` (default): ``BREAK_EVEN[(backend, drafter kind, gamma)]``, the tau below which
   that drafter's chains were measured slower than plain decoding on that backend (a step's
   cost in plain steps); trees, and drafters not measured there, are never gated;
 - a number ``t`` in ``(1, gamma + 1]``: gate below tau ``t``;
@@ -52,56 +52,55 @@ from __future__ import annotations
 
 import jax
 
-# (jax backend, drafter class name) -> the largest batch (rows) at which speculation was
+# (jax backend, drafter kind: ``Drafter.kind``, jaxspec.drafters.kinds) -> the largest batch (rows) at which speculation was
 # measured faster than plain decoding; batches above it decode plainly under "auto".
-# cpu, NGramDrafter: SmolLM2-135M on 2 CPU cores, 32 Spec-Bench questions, 64 new tokens,
+# cpu, ngram (NGramDrafter): SmolLM2-135M on 2 CPU cores, 32 Spec-Bench questions, 64 new tokens,
 # greedy: 1.14x at batch 1, 0.98x at 2, 0.98x at 4, 0.90x at 8, 0.95x at 16
 # (benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json); Qwen2.5-Coder-1.5B, 16
 # questions, 32 new tokens: 1.03x at batch 1, 0.95x at 4, 0.80x at 16; 32 other questions: 1.01x
 # at 2 (within run-to-run noise, and SmolLM2's 0.98x at 2 says no), 0.84x at 8, 0.78x at 32
 # (batch_sweep_qwen2.5-coder-1.5b-b2-8-32_cpu_2026-12-03.json). One entry serves every target, so it is the
 # largest batch that pays on both.
-# cpu, ModelDrafter: Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, the same sweep: 0.84x at
+# cpu, model (ModelDrafter): Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, the same sweep: 0.84x at
 # batch 1 on the mixed questions (1.20x on the coding ones, 128 tokens:
 # spec_bench_qwen2.5-coder-1.5b-gamma_cpu_2026-12-03.json), 0.92x at 4, 0.75x at 16
 # (benchmarks/results/batch_sweep_qwen2.5-coder-1.5b_cpu_2026-12-03.json); 0.96x at 2, 0.79x at 8, 0.78x at
 # 32 (batch_sweep_qwen2.5-coder-1.5b-b2-8-32_cpu_2026-12-03.json): it pays at batch 1 on the text it
 # suits and at no larger batch.
-# cpu, EagleDrafter and MedusaDrafter: the heads that ship for SmolLM2-135M (EAGLE-3 gamma 2,
+# cpu, eagle (EagleDrafter) and medusa (MedusaDrafter): the heads that ship for SmolLM2-135M (EAGLE-3 gamma 2,
 # Medusa-1 chain of 3), 16 questions of at most 128 prompt tokens, 64 new tokens: EAGLE 0.96x at
 # batch 1, 0.91x at 2, 0.92x at 4; Medusa 0.81x, 0.81x, 0.89x
 # (benchmarks/results/batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json). Neither pays at any batch
 # on this CPU; batch 1 stays speculative (a drafter the caller chose, where it comes closest and
 # where EAGLE pays on some categories), batches above it decode plainly.
 # A limit is never below 1: "auto" disables only what a larger batch costs.
-MEASURED: dict[tuple[str, str], int] = {("cpu", "NGramDrafter"): 1, ("cpu", "ModelDrafter"): 1,
-                                        ("cpu", "EagleDrafter"): 1, ("cpu", "MedusaDrafter"): 1}
+MEASURED: dict[tuple[str, str], int] = {("cpu", "ngram"): 1, ("cpu", "model"): 1, ("cpu", "eagle"): 1,
+                                        ("cpu", "medusa"): 1}
 
 
 # Verify steps a row's tau is averaged over before (and while) the gate may turn it off.
 GATE_WINDOW = 8
 
-# (jax backend, drafter class name, gamma) -> break-even tau of that drafter's CHAINS (N ==
+# (jax backend, drafter kind, gamma) -> break-even tau of that drafter's CHAINS (N ==
 # gamma nodes; a tree's step costs more, and none was measured): a row below it over its last
 # GATE_WINDOW steps decodes plainly (the cost of one of that drafter's steps in plain steps,
 # tau / speedup, from side-by-side runs):
-# cpu, ModelDrafter, 4: Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, confidence 0.3, batch
+# cpu, model, 4: Qwen2.5-Coder-1.5B with the 0.5B draft, gamma 4, confidence 0.3, batch
 # 1: tau 2.87 at 0.92x on 16 mixed questions (a step costs 3.12 plain steps;
 # batch_sweep_qwen2.5-coder-1.5b-confidence_cpu_2026-12-03.json), tau 4.54 at 1.24x on code (3.66;
 # spec_bench_qwen2.5-coder-1.5b-code-confidence_cpu_2026-12-03.json); the cost grows with the drafts
 # kept, and the line through both points crosses tau = cost at 3.24.
-# cpu, EagleDrafter, 2 and MedusaDrafter, 3: SmolLM2-135M's shipped heads (EAGLE-3 gamma 2,
+# cpu, eagle, 2 and medusa, 3: SmolLM2-135M's shipped heads (EAGLE-3 gamma 2,
 # Medusa-1 chain of 3), batch 1, 16 questions: tau 1.49 at 0.96x (cost 1.55) and tau 1.21 at
 # 0.81x (1.49) (batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json): a full-width step every time.
-# cpu, EagleDrafter, 4 and MedusaDrafter, 4 (the CLI's default gamma): the same heads on 13
+# cpu, eagle, 4 and medusa, 4 (the CLI's default gamma): the same heads on 13
 # Spec-Bench questions, 128 tokens: EAGLE g4 tau 1.52 at 0.83x (cost 1.83), Medusa chain of 4
 # tau 1.20 at 0.82x (1.46) (benchmarks/results/spec_bench_smollm2-135m-drafters_cpu_2026-12-03.md).
 # n-gram is not gated: where it finds no match it abstains, and that step costs a plain one
 # (a threshold the caller gives counts such steps as the one token they emit, as it does for a
 # draft model whose confidence stopped every chain: that step did cost a draft forward).
-BREAK_EVEN: dict[tuple[str, str, int], float] = {("cpu", "ModelDrafter", 4): 3.24, ("cpu", "EagleDrafter", 2): 1.55,
-                                                 ("cpu", "MedusaDrafter", 3): 1.49, ("cpu", "EagleDrafter", 4): 1.83,
-                                                 ("cpu", "MedusaDrafter", 4): 1.46}
+BREAK_EVEN: dict[tuple[str, str, int], float] = {("cpu", "model", 4): 3.24, ("cpu", "eagle", 2): 1.55, ("cpu", "medusa", 3): 1.49,
+                                                 ("cpu", "eagle", 4): 1.83, ("cpu", "medusa", 4): 1.46}
 
 
 def gate(disable_by_acceptance, drafter, backend: str | None = None) -> float | None:
@@ -110,7 +109,7 @@ def gate(disable_by_acceptance, drafter, backend: str | None = None) -> float | 
     Args:
       disable_by_acceptance: ``"auto"``, a number in ``(1, gamma + 1]`` or None (module
         docstring): every verify step emits at least 1 token and at most gamma + 1.
-      drafter: the drafter object (its class and ``gamma`` name the ``BREAK_EVEN`` entry, which
+      drafter: the drafter object (its ``kind`` and ``gamma`` name the ``BREAK_EVEN`` entry, which
         applies to chains only: ``n_nodes == gamma``).
       backend: ``jax.default_backend()`` when None.
 
@@ -120,7 +119,7 @@ def gate(disable_by_acceptance, drafter, backend: str | None = None) -> float | 
     if disable_by_acceptance == "auto":
         if drafter is None or drafter.n_nodes != drafter.gamma:  # plain decoding, or a tree
             return None
-        return BREAK_EVEN.get((backend or jax.default_backend(), type(drafter).__name__, drafter.gamma))
+        return BREAK_EVEN.get((backend or jax.default_backend(), drafter.kind, drafter.gamma))
     if disable_by_acceptance is None:
         return None
     top = None if drafter is None else drafter.gamma + 1
@@ -137,7 +136,7 @@ def limit(disable_by_batch_size, drafter, backend: str | None = None) -> int | N
 
     Args:
       disable_by_batch_size: ``"auto"``, an int >= 1 or None (module docstring).
-      drafter: the drafter object (its class names the ``MEASURED`` entry).
+      drafter: the drafter object (its ``kind`` names the ``MEASURED`` entry).
       backend: ``jax.default_backend()`` when None.
 
     Raises:
@@ -146,7 +145,7 @@ def limit(disable_by_batch_size, drafter, backend: str | None = None) -> int | N
     if disable_by_batch_size is None:
         return None
     if disable_by_batch_size == "auto":
-        return MEASURED.get((backend or jax.default_backend(), type(drafter).__name__))
+        return None if drafter is None else MEASURED.get((backend or jax.default_backend(), drafter.kind))
     ok = isinstance(disable_by_batch_size, int) and not isinstance(disable_by_batch_size, bool)
     if not ok or disable_by_batch_size < 1:
         raise ValueError(f"disable_by_batch_size must be 'auto', None or an integer >= 1, got {disable_by_batch_size!r}")
@@ -162,7 +161,7 @@ def decide(disable_by_batch_size, drafter, rows: int, synthetic: bool = False) -
     k = limit(disable_by_batch_size, drafter)
     if drafter is None or synthetic or k is None or rows <= k:
         return None
-    source = "measured for " + f"{type(drafter).__name__} on {jax.default_backend()}" \
+    source = "measured for " + f"drafter kind {drafter.kind!r} on {jax.default_backend()}" \
         if disable_by_batch_size == "auto" else "set by the caller"
     return f"plain decoding: {rows} rows > disable_by_batch_size {k} ({source}; pass disable_by_batch_size=None " \
            f"to speculate anyway)"

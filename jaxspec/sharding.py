@@ -34,13 +34,12 @@ Choices, written down:
   collectives) unless ``shard_drafter=True``; the early-exit drafter always runs on the
   target's own shards, since its weights are the target's.
 - Batches are padded to a multiple of ``data`` on top of their batch bucket
-  (``api.batch_bucket``), with the same one-token rows dropped from the results; head counts, MLP width and vocabulary must be
+  (``request.batch_bucket``), with the same one-token rows dropped from the results; head counts, MLP width and vocabulary must be
   divisible (an error naming the axis and the sizes, before any compile).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from typing import Any
 
@@ -257,12 +256,6 @@ def input_specs(inputs) -> Any:
     )
 
 
-def _with_config(drafter, config: ModelConfig):
-    out = copy.copy(drafter)
-    object.__setattr__(out, "config", config)
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How one ``generate`` call runs on a mesh (hashable: part of the compile-cache key).
@@ -323,15 +316,14 @@ def plan(mesh: Mesh, config: ModelConfig, drafter=None, shard_drafter: bool = Fa
     """
     n, mesh = mesh_sizes(mesh)[1], auto_axes(mesh)
     local = local_config(config, n)
-    drafter_sharded, local_drafter = False, drafter
-    if drafter is not None and drafter.capabilities.shares_target_weights:
-        drafter_sharded, local_drafter = True, _with_config(drafter, local_config(drafter.config, n))
-    elif shard_drafter and hasattr(drafter, "config"):
-        check_model_axis(drafter.config, n, "drafter")
-        drafter_sharded, local_drafter = True, _with_config(drafter, local_config(drafter.config, n))
-    elif shard_drafter:
-        raise ValueError(f"shard_drafter=True needs a model drafter, got {type(drafter).__name__}")
-    return Plan(mesh, local, local_drafter, drafter_sharded)
+    if drafter is None:
+        if shard_drafter:
+            raise ValueError("shard_drafter=True needs a model drafter, got NoneType")
+        return Plan(mesh, local, None, False)
+    # A drafter on the target's weights runs on its shards; another is split only when asked.
+    # How a drafter runs on one shard is its own to say (``Drafter.localized``).
+    split = drafter.capabilities.shares_target_weights or shard_drafter
+    return Plan(mesh, local, drafter.localized(n) if split else drafter, split)
 
 
 def device_bytes(tree) -> dict:

@@ -1,4 +1,13 @@
-"""Stop strings, matched on device, byte by byte, as tokens are emitted.
+"""Stopping, all of it: stop ids and stop strings, from the request to the result.
+
+- the request's stop ids (EOS unless ignored, then ``stop_token_ids``: ``stop_ids``, padded
+  to a multiple of ``STOP_BUCKET`` by ``padded_ids``) and its stop-string tables (``tables``);
+- on device, which of a step's tokens a stop string completes (``completed``) and from which
+  generated token on a stop counts (``may_stop``: ``min_new_tokens``);
+- on the host, each row's finish: its stop reason and its text cut at the stop string
+  (``finish``).
+
+Stop strings are matched on device, byte by byte, as tokens are emitted.
 
 A stop string can complete in the middle of a token, span several tokens, and complete in
 the middle of an accepted speculative block. Plain decoding stops after the first token whose
@@ -25,11 +34,13 @@ longest token, L = Y + M bytes of tail per row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+STOP_BUCKET = 8  # stop-id lists are padded to a multiple of this
 STOP_COUNT_BUCKET = 4  # stop-string tables are padded to a multiple of this many strings
 STOP_BYTES_BUCKET = 16  # and of this many bytes per string
 TOKEN_BYTES_BUCKET = 8  # token byte tables to a multiple of this many bytes
@@ -96,6 +107,37 @@ def make_tables(stop: list[str], token_table: tuple[np.ndarray, np.ndarray]) -> 
     return StopTables(jnp.asarray(strings), jnp.asarray(active), jnp.asarray(table), jnp.asarray(lens))
 
 
+def stop_ids(eos_ids, sampling) -> tuple[int, ...]:
+    """The stop token ids every row of a request shares: the model's EOS ids unless
+    ``sampling.ignore_eos``, then ``sampling.stop_token_ids``, each once, in that order."""
+    return tuple(dict.fromkeys(([] if sampling.ignore_eos else list(eos_ids)) + list(sampling.stop_token_ids)))
+
+
+def padded_ids(ids) -> list[int]:
+    """``ids`` padded with -1 (never a token) to a multiple of ``STOP_BUCKET``, at least one
+    bucket: one compiled program serves every count of stop ids within a bucket."""
+    ids = list(ids)
+    return ids + [-1] * (-(-max(len(ids), 1) // STOP_BUCKET) * STOP_BUCKET - len(ids))
+
+
+@functools.lru_cache(maxsize=8)
+def token_table(tokenizer, vocab_size: int) -> tuple[jax.Array, jax.Array]:
+    """Device token byte table (``token_byte_table``: uint8 ``[V, M]``, int32 ``[V]``), built
+    once per tokenizer; zeros (no bytes) without one."""
+    if tokenizer is None:
+        table, lens = np.zeros((vocab_size, TOKEN_BYTES_BUCKET), np.uint8), np.zeros(vocab_size, np.int32)
+    else:
+        table, lens = token_byte_table(tokenizer.token_bytes())
+        table = table.clip(0).astype(np.uint8)  # bytes past a token's length are never read
+    return jnp.asarray(table), jnp.asarray(lens)
+
+
+def tables(stop, tokenizer, vocab_size: int) -> StopTables:
+    """``StopTables`` of a request's stop strings ``stop`` (the token table of ``tokenizer``
+    only when there are some: no stop strings, no table to build)."""
+    return make_tables(list(stop), token_table(tokenizer if stop else None, vocab_size))
+
+
 def empty_tail(batch: int, tables: StopTables) -> jax.Array:
     """int32 ``[B, L]`` of -1: no text generated yet."""
     return jnp.full((batch, tables.tail_len), -1, jnp.int32)
@@ -118,6 +160,47 @@ def append(tables: StopTables, tail: jax.Array, token: jax.Array):
     matched = jnp.all(same, axis=-1) & tables.active[None, :, None]  # [B, Z, M]
     in_token = np.arange(width)[None] >= width - n[:, None]  # [B, M]: e inside the new bytes
     return tail, jnp.any(matched & in_token[:, None], axis=(1, 2))
+
+
+def completed(stops: StopTables, tail, new, allowed):
+    """Append ``new [B, T]`` token by token to ``tail``; returns the tails after each token
+    ``[B, T, L]`` and where a stop string completed ``bool [B, T]`` (counted where ``allowed``)."""
+
+    def scan(tail):
+        tails, hits = [], []
+        for j in range(new.shape[1]):
+            tail, hit = append(stops, tail, new[:, j])
+            tails.append(tail)
+            hits.append(hit)
+        return jnp.stack(tails, axis=1), jnp.stack(hits, axis=1) & allowed
+
+    def skip(tail):
+        return jnp.repeat(tail[:, None], new.shape[1], axis=1), jnp.zeros(new.shape, bool)
+
+    return jax.lax.cond(jnp.any(stops.active), scan, skip, tail)
+
+
+def may_stop(sp, n_generated, width: int):
+    """bool ``[B, width]``: whether a stop string completed by the j-th of the next ``width``
+    tokens (generated token number ``n_generated + j``, from 0) counts: only once the output
+    holds ``min_new_tokens`` tokens (``sp``: the rows' ``SamplingParams``), as vLLM."""
+    return (n_generated[:, None] + jnp.arange(width)[None] + 1) >= sp.min_new_tokens[:, None]
+
+
+def finish(tokens: list[int], stop_ids, tokenizer, sampling, min_new: int) -> tuple[str | None, object]:
+    """One row's ``(text, stop reason)`` on the host: the text decoded (None without a
+    tokenizer) and cut at the stop string that ended it (``cut_text``; stop strings that
+    completed within the first ``min_new`` tokens do not count); the reason is that string,
+    else the stop id the tokens end with, else None (the row ran to its length)."""
+    reason = tokens[-1] if tokens and tokens[-1] in stop_ids else None
+    if tokenizer is None:
+        return None, reason
+    text = tokenizer.decode(tokens)
+    if sampling.stop:
+        before = len(tokenizer.decode(tokens[: min_new - 1])) if min_new > 1 else 0
+        text, matched = cut_text(text, list(sampling.stop), before, sampling.include_stop_str_in_output)
+        reason = matched if matched is not None else reason
+    return text, reason
 
 
 def cut_text(text: str, stop: list[str], before: int = 0, include: bool = False) -> tuple[str, str | None]:

@@ -201,3 +201,27 @@ def accept(keys: jax.Array, p: jax.Array, tree: Tree, rates: jax.Array) -> Accep
     current, n_accepted, path, emitted = jax.lax.fori_loop(1, w, visit, init) if w > 1 else init
     emitted = emitted.at[rows, n_accepted].set(sample(fold_rows(keys, 1), p[rows, current]))
     return Accepted(n_accepted=n_accepted, path=path, tokens=emitted)
+
+
+@dataclasses.dataclass(frozen=True)
+class Synthetic:
+    """BENCHMARKS ONLY, NOT LOSSLESS: the acceptance rule that keeps drafts at random at the
+    rows' ``engine.Inputs.synthetic_rates`` (``accept``), a static argument of the compiled
+    program (``engine.run_program``'s ``rule``) in place of ``jaxspec.acceptance.EXACT``. Every
+    step verifies the full window (``fill``: never a narrower width) and the acceptance gate
+    never runs, so the cost measured is the full window's; the forward and commit are the
+    exact rule's."""
+
+    narrows = False
+
+    def fill(self, proposal: Proposal, root: jax.Array) -> Proposal:
+        """The full window, every step (``fill``)."""
+        return fill(proposal, root)
+
+    def accept(self, keys, p, proposal: Proposal, tree: Tree, inputs) -> Accepted:
+        """Drafts kept at random at ``inputs.synthetic_rates`` (``accept``)."""
+        return accept(keys, p, tree, inputs.synthetic_rates)
+
+
+SYNTHETIC = Synthetic()
+

@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from datetime import datetime
 from typing import Any, Iterable, Sequence
+
+from jaxspec.chat_templates import compile_template
 
 __all__ = ["Tokenizer"]
 
@@ -81,47 +82,6 @@ def _make_pre_tokenizer(pre: str | None):
             stacklevel=3,
         )
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-def _raise_exception(message):
-    import jinja2
-
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt):
-    return datetime.now().strftime(fmt)
-
-
-def _compile_template(source: str):
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class _Generation(jinja2.ext.Extension):
-        """``{% generation %}...{% endgeneration %}`` (HF assistant masks): render the body."""
-
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-        def _render(self, caller):
-            return caller()
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
 
 
 class Tokenizer:
@@ -495,7 +455,7 @@ class Tokenizer:
             if not isinstance(m, dict) or "role" not in m or "content" not in m:
                 raise ValueError(f"apply_chat_template: messages[{k}] must be a dict with 'role' and 'content', got {m!r}")
         if self._template is None:
-            self._template = _compile_template(self.chat_template)
+            self._template = compile_template(self.chat_template)
         special = {}
         if self.bos_id >= 0:
             special["bos_token"] = self._tokens[self.bos_id]

@@ -3,7 +3,7 @@
 Every test here runs float32 on CPU, where the engine's greedy output must equal the
 target's own greedy output token for token (docs/design.md, invariant 1). Compiles dominate the
 suite's time, so the models are tiny and every test of the core engine reuses the same few
-static shapes: the target config ``TARGET``, prompts of at most ``api.PROMPT_BUCKET`` tokens
+static shapes: the target config ``TARGET``, prompts of at most ``request.PROMPT_BUCKET`` tokens
 and ``max_new_tokens`` small enough that every call lands in the same 256-slot cache bucket.
 ``jaxspec.api._COMPILED`` then serves one compiled program per (drafter, gamma, batch size).
 """
@@ -189,7 +189,7 @@ def make_inputs(prompts, *, max_new_tokens: int, temperature=0.0, seed: int = 0,
         max_new_tokens=jnp.full((b,), max_new_tokens, jnp.int32),
         sampling=SamplingParams.make(b, stop_ids=stop_ids, temperature=temperature, **settings),
         keys=jax.vmap(jax.random.key)(jnp.asarray(seeds, dtype=jnp.uint32)),
-        stops=stopping.make_tables(list(stop), jaxspec.api._token_table(tokenizer, vocab_size)),
+        stops=stopping.make_tables(list(stop), stopping.token_table(tokenizer, vocab_size)),
     )
 
 

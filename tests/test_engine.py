@@ -485,7 +485,7 @@ def test_decode_loop_does_not_copy_the_cache(tiny, inputs_factory, kind, min_pas
 
 def test_generate_runs_one_program_and_one_transfer(tiny, monkeypatch):
     """A warm ``generate`` call runs exactly one compiled program, which returns one result
-    pytree (``api.Output``), and brings all of it to the host with exactly one
+    pytree (``jaxspec.result.Output``), and brings all of it to the host with exactly one
     ``jax.device_get``.
 
     How this is checked, and why so: ``jax.transfer_guard_device_to_host("disallow")`` is
@@ -517,7 +517,7 @@ def test_generate_runs_one_program_and_one_transfer(tiny, monkeypatch):
     with jax.transfer_guard_device_to_host("disallow"):
         r = tiny.generate(tiny.prompts, **kw)
     assert r.metrics.compile_s == 0.0
-    n_arrays = len(dataclasses.fields(jaxspec.api.Output)) - 1  # logprobs not requested: None
+    n_arrays = len(dataclasses.fields(jaxspec.result.Output)) - 1  # logprobs not requested: None
     assert calls == [n_arrays], f"compiled program calls (arrays returned): {calls}"
     assert transfers == [n_arrays], f"jax.device_get calls (arrays each): {transfers}"
 
@@ -533,12 +533,12 @@ def test_new_values_do_not_recompile(tiny, plain_greedy):
 
 
 def test_batch_sizes_share_a_bucket(tiny, plain_greedy):
-    """Rows are padded to the next power of two (``api.batch_bucket``: 1, 2, 4, 8, ..., then
+    """Rows are padded to the next power of two (``request.batch_bucket``: 1, 2, 4, 8, ..., then
     to a multiple of a mesh's ``data`` axis) with one-token copies of row 0, dropped from the
     results: 3 and 4 prompts run one compiled program, the 3-prompt call returns exactly its
     3 rows (the plain greedy output, with per-row metrics), and the 4-prompt call's first
     rows equal it (rows are independent, invariant 3)."""
-    bucket = jaxspec.api.batch_bucket
+    bucket = jaxspec.request.batch_bucket
     assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 33)] == [1, 2, 4, 4, 8, 8, 16, 64]
     assert [bucket(1, 8), bucket(4, 8), bucket(9, 8), bucket(5, 3)] == [8, 8, 16, 9]
     three = tiny.generate(tiny.prompts)

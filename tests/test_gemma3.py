@@ -75,7 +75,7 @@ def test_raw_prompts_start_with_bos():
     """The GGUF says add_bos_token: text encodes with BOS first, as llama.cpp and transformers do
     (without it the 270M model degenerates: "France. The The The ..."), once even when the text
     holds ``<bos>`` already (a chat template's), and ``generate``'s raw and chat prompts agree."""
-    from jaxspec.api import _prompt_ids
+    from jaxspec.request import prompt_ids as _prompt_ids
 
     tok = gemma().tokenizer
     assert tok.add_bos

@@ -12,7 +12,7 @@ from jaxspec import policy
 
 def test_limit_reads_the_measured_table_and_checks_its_argument(monkeypatch):
     drafter = jaxspec.NGramDrafter(gamma=2)
-    monkeypatch.setitem(policy.MEASURED, ("cpu", "NGramDrafter"), 4)
+    monkeypatch.setitem(policy.MEASURED, ("cpu", "ngram"), 4)
     assert policy.limit("auto", drafter, backend="cpu") == 4
     assert policy.limit("auto", drafter, backend="tpu") is None  # not measured there: never disabled
     assert policy.limit(None, drafter) is None and policy.limit(3, drafter) == 3
@@ -44,9 +44,9 @@ def test_generate_decodes_plainly_above_the_limit(tiny, plain_greedy, monkeypatc
     assert plain.metrics.compile_s == 0.0  # the policy ran plain decoding's very program
     on = run(3, disable_by_batch_size=None)
     assert on.tokens == plain_greedy and on.metrics.speculation is None and on.metrics.drafted.sum() > 0
-    monkeypatch.setitem(policy.MEASURED, (jax_backend(), "NGramDrafter"), 2)
+    monkeypatch.setitem(policy.MEASURED, (jax_backend(), "ngram"), 2)
     assert run(3).metrics.speculation.startswith("plain decoding: 3 rows > disable_by_batch_size 2 (measured for "
-                                                 "NGramDrafter on cpu")
+                                                 "drafter kind 'ngram' on cpu")
     assert run(3, disable_by_batch_size=3).metrics.speculation is None
     with pytest.raises(ValueError, match=r"disable_by_batch_size must be 'auto', None or an integer >= 1, got 0"):
         run(1, disable_by_batch_size=0)
@@ -73,7 +73,7 @@ def test_batch_sweep_picks_the_limit_and_mixes_categories():
 
 def test_gate_reads_the_break_even_table_and_checks_its_argument(monkeypatch):
     drafter = jaxspec.NGramDrafter(gamma=2)  # a chain of 2: tau is at most 3
-    monkeypatch.setitem(policy.BREAK_EVEN, ("cpu", "NGramDrafter", 2), 1.7)
+    monkeypatch.setitem(policy.BREAK_EVEN, ("cpu", "ngram", 2), 1.7)
     assert policy.gate("auto", drafter, backend="cpu") == 1.7
     assert policy.gate("auto", drafter, backend="tpu") is None  # not measured there: never gated
     assert policy.gate("auto", jaxspec.NGramDrafter(gamma=3), backend="cpu") is None  # another gamma
@@ -102,7 +102,7 @@ def test_acceptance_gate_turns_off_rows_whose_drafts_do_not_pay(tiny, plain_gree
     on = tiny.generate(tiny.prompts, "model_small", gamma, disable_by_acceptance=None)
     assert on.tokens == plain_greedy and not on.metrics.gated.any()
     assert (on.metrics.drafted > window * gamma).all() and on.metrics.summary()["gate_tau"] is None
-    monkeypatch.setitem(policy.BREAK_EVEN, (jax_backend(), "ModelDrafter", gamma), 2.0)
+    monkeypatch.setitem(policy.BREAK_EVEN, (jax_backend(), "model", gamma), 2.0)
     auto = tiny.generate(tiny.prompts, "model_small", gamma)  # "auto": the table's 2.0
     assert auto.metrics.drafted.tolist() == off.metrics.drafted.tolist() and auto.metrics.gate_tau == 2.0
     # the target drafting for itself: 5 tokens a step, above any gate up to 5; with 60 new

@@ -72,6 +72,10 @@ class ShapedDrafter:
     config: jaxspec.ModelConfig
     n_nodes: int = 6
     capabilities = Capabilities()
+    kind = "shaped"
+
+    def localized(self, model_shards):
+        raise ValueError("a test drafter: never split")
 
     @property
     def gamma(self) -> int:

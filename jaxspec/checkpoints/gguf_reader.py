@@ -141,6 +141,43 @@ def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
 ROPE_FREQS = "rope_freqs.weight"  # llama.cpp's per-frequency RoPE divisors (Llama 3.1 scaling)
 
 
+def _vocabulary(meta: dict[str, Any], arch: str, path: str) -> tuple[int, list[int]]:
+    """``(vocab_size, eos_ids)``: the vocabulary's size (its tokens, else ``{arch}.vocab_size``)
+    and the EOS, EOT and EOM ids, each once."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is not None:
+        vocab_size = len(tokens)
+    elif f"{arch}.vocab_size" in meta:
+        vocab_size = int(meta[f"{arch}.vocab_size"])
+    else:
+        raise ValueError(f"{path!r}: cannot determine vocab size (no tokenizer.ggml.tokens, no {arch}.vocab_size)")
+    eos_ids: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if key in meta and int(meta[key]) not in eos_ids:
+            eos_ids.append(int(meta[key]))
+    return vocab_size, eos_ids
+
+
+def _gemma3_switches(meta: dict[str, Any], n_layers: int, dim: int, head_dim: int, window: int, pattern) -> dict:
+    """Gemma 3's ``ModelConfig`` switches: offset norms, sandwich norms, GELU, the embedding
+    scale, the attention scale, sliding layers (llama.cpp's per-layer pattern, or every
+    ``GEMMA3_SLIDING_PATTERN``-th layer full), the local RoPE base and the logit soft cap."""
+    arch = "gemma3"
+    if isinstance(pattern, list):  # one bool per layer, True = sliding (llama.cpp's swa_layers)
+        types = tuple("sliding" if p else "full" for p in pattern)
+    else:
+        every = int(pattern or GEMMA3_SLIDING_PATTERN)
+        types = tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(n_layers))
+    return {
+        "norm_offset": 1.0, "sandwich_norms": True, "activation": "gelu_tanh",
+        "embed_scale": float(np.float32(np.sqrt(dim))),
+        "attn_scale": _f32_to_float(meta.get(f"{arch}.attention.scale", float(head_dim) ** -0.5)),
+        "sliding_window": window, "layer_types": types,
+        "rope_local_theta": _f32_to_float(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)),
+        "final_softcap": _f32_to_float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
+    }
+
+
 def _config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: str) -> ModelConfig:
     """``ModelConfig`` from GGUF metadata; ``tensors`` (name -> ReaderTensor) decides tied
     embeddings and supplies ``rope_freqs.weight`` when present."""
@@ -179,39 +216,14 @@ def _config_from_metadata(meta: dict[str, Any], tensors: dict[str, Any], path: s
             raise ValueError(f"{path!r}: tensor {ROPE_FREQS!r} has shape {factors.shape}, expected ({head_dim // 2},)")
         rope_factors = RopeScaling("factors", 1.0, factors=tuple(factors.tolist()))
 
-    tokens = meta.get("tokenizer.ggml.tokens")
-    if tokens is not None:
-        vocab_size = len(tokens)
-    elif f"{arch}.vocab_size" in meta:
-        vocab_size = int(meta[f"{arch}.vocab_size"])
-    else:
-        raise ValueError(f"{path!r}: cannot determine vocab size (no tokenizer.ggml.tokens, no {arch}.vocab_size)")
-
-    eos_ids: list[int] = []
-    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        if key in meta and int(meta[key]) not in eos_ids:
-            eos_ids.append(int(meta[key]))
-
+    vocab_size, eos_ids = _vocabulary(meta, arch, path)
     switches: dict[str, Any] = dict(family=arch, rope_scaling=rope_factors, attn_bias=arch == "qwen2", qk_norm=arch in ("qwen3", "gemma3"))
     window = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
     if arch == "llama" and window:
         switches["sliding_window"] = window
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern")
     if arch == "gemma3":
-        n_layers = int(need("block_count"))
-        if isinstance(pattern, list):  # one bool per layer, True = sliding (llama.cpp's swa_layers)
-            types = tuple("sliding" if p else "full" for p in pattern)
-        else:
-            every = int(pattern or GEMMA3_SLIDING_PATTERN)
-            types = tuple("full" if (i + 1) % every == 0 else "sliding" for i in range(n_layers))
-        switches.update(
-            norm_offset=1.0, sandwich_norms=True, activation="gelu_tanh",
-            embed_scale=float(np.float32(np.sqrt(dim))),
-            attn_scale=_f32_to_float(meta.get(f"{arch}.attention.scale", float(head_dim) ** -0.5)),
-            sliding_window=window, layer_types=types,
-            rope_local_theta=_f32_to_float(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)),
-            final_softcap=_f32_to_float(meta.get(f"{arch}.final_logit_softcapping", 0.0) or 0.0),
-        )
+        switches.update(_gemma3_switches(meta, int(need("block_count")), dim, head_dim, window, pattern))
         if scaling == "linear" and factor != 1.0:
             switches["rope_scaling"] = RopeScaling("linear", factor)
     return ModelConfig(

@@ -140,10 +140,17 @@ class Drafter(Protocol):
 
     gamma: int
     capabilities: Capabilities
+    kind: str  # the registry's name of the kind (``jaxspec.drafters.kinds``), what ``jaxspec.policy`` keys on
 
     @property
     def n_nodes(self) -> int:
         """N, the static number of nodes of every proposal."""
+
+    def localized(self, model_shards: int) -> Drafter:
+        """The drafter as each of ``model_shards`` shards runs it when its weights are split
+        over a mesh's ``model`` axis (``jaxspec.sharding.plan``: always for a drafter that
+        shares the target's weights, else with ``shard_drafter=True``); ``ValueError`` for a
+        drafter whose weights are never split (``Unsplit``)."""
 
     def select_params(self, target_params: Any, drafter_params: Any) -> Any:
         """The params pytree the drafter runs on (its own weights, a view of the target's, or None)."""
@@ -161,7 +168,16 @@ class Drafter(Protocol):
         """State after verification kept ``committed``."""
 
 
-class Stateless:
+class Unsplit:
+    """``localized`` of a drafter whose weights, if any, are never split over a mesh (n-gram,
+    repeat, lookahead, EAGLE and Medusa heads): replicated on every device, it runs as it is."""
+
+    def localized(self, model_shards: int) -> Drafter:
+        """Raise ``ValueError``: only a model drafter's weights can be split (``shard_drafter``)."""
+        raise ValueError(f"shard_drafter=True needs a model drafter, got {type(self).__name__}")
+
+
+class Stateless(Unsplit):
     """The protocol methods of a drafter with no weights and no state (n-gram lookup, repeat):
     a mixin, so such a drafter writes only ``propose``."""
 

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import dynamic_tree
-from jaxspec.drafters.base import chain_capabilities, check_confidence, check_gamma, check_int
+from jaxspec.drafters.base import Unsplit, chain_capabilities, check_confidence, check_gamma, check_int
 from jaxspec.drafters.model import draw_chain
 from jaxspec.models import eagle3
 from jaxspec.models.eagle3 import EagleConfig
@@ -57,7 +57,7 @@ class EagleState:
 
 
 @dataclasses.dataclass(frozen=True)
-class EagleDrafter:
+class EagleDrafter(Unsplit):
     """Draft with a trained EAGLE-3 head: a chain of ``gamma`` sampled tokens, or a dynamic
     top-k tree of ``tree_nodes`` nodes and depth ``gamma``.
 
@@ -81,6 +81,7 @@ class EagleDrafter:
     tree_nodes: int = 0
     branching: int = 4
     confidence: float = 0.0
+    kind = "eagle"  # class attribute, not a field
 
     def __post_init__(self):
         check_gamma(self.gamma)

@@ -69,7 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.drafters.base import Capabilities, check_int
+from jaxspec.drafters.base import Capabilities, Unsplit, check_int
 from jaxspec.drafters.ngram import merge_branches
 from jaxspec.tree import Proposal
 
@@ -162,7 +162,7 @@ def _ngrams(tokens: jax.Array, ends: jax.Array, n: int) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class LookaheadDrafter:
+class LookaheadDrafter(Unsplit):
     """Lookahead decoding: Jacobi lookahead branch + n-gram pool verification, on device.
 
     Attributes:
@@ -186,7 +186,8 @@ class LookaheadDrafter:
     ngram: int = 4
     guesses: int = 5
     pool_size: int = 4096
-    capabilities = Capabilities()  # class attribute, not a field: never abstains (the window always runs)
+    capabilities = Capabilities()  # class attributes, not fields: never abstains (the window always runs)
+    kind = "lookahead"
 
     def __post_init__(self):
         check_int("window", self.window, 1, MAX_WINDOW, " (W, lookahead window columns)")

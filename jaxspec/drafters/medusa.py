@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxspec import models
 from jaxspec.config import ModelConfig
-from jaxspec.drafters.base import Capabilities, check_int
+from jaxspec.drafters.base import Capabilities, Unsplit, check_int
 from jaxspec.models.linear import linear
 from jaxspec.tree import Proposal
 
@@ -65,7 +65,7 @@ def head_logits(params: dict, config: ModelConfig, hidden: jax.Array, i: int) ->
 
 
 @dataclasses.dataclass(frozen=True)
-class MedusaDrafter:
+class MedusaDrafter(Unsplit):
     """Draft a static tree from Medusa heads.
 
     Attributes:
@@ -81,7 +81,8 @@ class MedusaDrafter:
 
     config: ModelConfig
     topk: tuple[int, ...] = (1, 1, 1, 1)
-    capabilities = Capabilities()
+    capabilities = Capabilities()  # class attributes, not fields
+    kind = "medusa"
 
     def __post_init__(self):
         object.__setattr__(self, "topk", tuple(self.topk))

@@ -37,8 +37,13 @@ from jaxspec import models
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import dynamic_tree
+from jaxspec.drafters.base import (
+    chain_capabilities,
+    check_confidence,
+    check_gamma,
+    check_int,
+)
 from jaxspec.drafters.dynamic_tree import check_tree
-from jaxspec.drafters.base import chain_capabilities, check_confidence, check_gamma, check_int
 from jaxspec.sampling import fold_rows, processed_probs, sample
 from jaxspec.tree import Proposal
 
@@ -139,38 +144,11 @@ class DraftState:
     node_slots: jax.Array
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelDrafter:
-    """Draft with a small Llama-family model: a chain of ``gamma`` sampled tokens, or a top-k
-    tree of ``tree_nodes`` nodes and depth ``gamma``.
+class _DraftModel:
+    """The drafting shared by ``ModelDrafter`` and ``EarlyExitDrafter`` (a draft model's
+    forwards over its own cache); the two dataclasses hold the fields."""
 
-    Attributes:
-      config: the draft model's ``ModelConfig``; ``vocab_size`` must equal the target's.
-      gamma: chain length, or the tree's depth (>= 1).
-      tree_nodes: 0 for a chain; else N, the tree's node budget, in
-        ``[1, branching + (gamma - 1) * branching ** 2]`` (the candidates it grows).
-      branching: children per expanded node and expanded nodes per depth (tree mode), >= 1.
-      confidence: chain mode: stop the chain where the draft model's cumulative probability
-        of it falls below this, in ``[0, 1)`` (``draw_chain``; 0: always ``gamma`` drafts).
-        ``None`` (default): ``DEFAULT_CONFIDENCE`` for a chain, 0 for a tree (a tree is grown
-        by draft confidence already).
-
-    Raises:
-      ValueError: ``gamma``, ``tree_nodes``, ``branching`` or ``confidence`` out of range (at construction);
-        vocabulary sizes, BOS or EOS ids differ, or no draft params (at ``validate``, before
-        any compile). ``jaxspec.check_pair`` also compares the tokenizers' strings.
-    """
-
-    config: ModelConfig
-    gamma: int = 4
-    tree_nodes: int = 0
-    branching: int = 4
-    confidence: float | None = None
-    shares_target_weights = False  # class attribute, not a field: early exit's is True
-
-    def __post_init__(self):
-        if self.confidence is None:  # a frozen dataclass resolves its default this way
-            object.__setattr__(self, "confidence", 0.0 if self.tree_nodes else DEFAULT_CONFIDENCE)
+    def _check(self):
         check_gamma(self.gamma)
         check_int("branching", self.branching, 1, self.config.vocab_size)
         check_tree(self.gamma, self.tree_nodes, self.branching)
@@ -252,14 +230,66 @@ class ModelDrafter:
         return DraftState(cache, state.node_slots)
 
 
-@dataclasses.dataclass(frozen=True, init=False)
-class EarlyExitDrafter(ModelDrafter):
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter(_DraftModel):
+    """Draft with a small Llama-family model: a chain of ``gamma`` sampled tokens, or a top-k
+    tree of ``tree_nodes`` nodes and depth ``gamma``.
+
+    Attributes:
+      config: the draft model's ``ModelConfig``; ``vocab_size`` must equal the target's.
+      gamma: chain length, or the tree's depth (>= 1).
+      tree_nodes: 0 for a chain; else N, the tree's node budget, in
+        ``[1, branching + (gamma - 1) * branching ** 2]`` (the candidates it grows).
+      branching: children per expanded node and expanded nodes per depth (tree mode), >= 1.
+      confidence: chain mode: stop the chain where the draft model's cumulative probability
+        of it falls below this, in ``[0, 1)`` (``draw_chain``; 0: always ``gamma`` drafts).
+        ``None`` (default): ``DEFAULT_CONFIDENCE`` for a chain, 0 for a tree (a tree is grown
+        by draft confidence already).
+
+    Raises:
+      ValueError: ``gamma``, ``tree_nodes``, ``branching`` or ``confidence`` out of range (at construction);
+        vocabulary sizes, BOS or EOS ids differ, or no draft params (at ``validate``, before
+        any compile). ``jaxspec.check_pair`` also compares the tokenizers' strings.
+    """
+
+    config: ModelConfig
+    gamma: int = 4
+    tree_nodes: int = 0
+    branching: int = 4
+    confidence: float | None = None
+    kind = "model"  # class attributes, not fields: the registry's name (jaxspec.drafters.kinds)
+    shares_target_weights = False  # early exit's is True
+
+    def __post_init__(self):
+        if self.confidence is None:  # a frozen dataclass resolves its default this way
+            object.__setattr__(self, "confidence", 0.0 if self.tree_nodes else DEFAULT_CONFIDENCE)
+        self._check()
+
+    def localized(self, model_shards: int) -> ModelDrafter:
+        """This drafter as one of ``model_shards`` shards runs it, its weights split over the
+        mesh's ``model`` axis (``jaxspec.sharding.plan``): the per-shard config.
+
+        Raises:
+          ValueError: ``model_shards`` does not divide the draft model's heads, MLP width or
+            vocabulary.
+        """
+        from jaxspec import sharding
+
+        sharding.check_model_axis(self.config, model_shards, "drafter")
+        return dataclasses.replace(self, config=sharding.local_config(self.config, model_shards))
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlyExitDrafter(_DraftModel):
     """Self-speculation: the target's first ``n_layers`` blocks, final norm and head.
 
-    Args:
-      target_config: the target's ``ModelConfig``.
-      n_layers: blocks to keep, ``1 <= n_layers < target_config.n_layers``.
-      gamma, tree_nodes, branching, confidence: as ``ModelDrafter``'s (chain by default).
+    Attributes:
+      target_config: the target's ``ModelConfig`` (``config``, the drafter's model, is its first
+        ``n_layers`` blocks: ``target_config.truncated(n_layers)``).
+      n_layers: blocks to keep, ``1 <= n_layers < target_config.n_layers``; the registry's
+        default (``jaxspec.drafters.kinds``) is a quarter of them, at least 1.
+      gamma, tree_nodes, branching, confidence: as ``ModelDrafter``'s (chain by default),
+        except that ``confidence`` defaults to 0 (every chain ``gamma`` drafts).
 
     The drafter's params are a view of the target's (no copy): ``select_params`` slices them.
 
@@ -269,22 +299,38 @@ class EarlyExitDrafter(ModelDrafter):
         ``validate``).
     """
 
+    # Fields in the order of the constructor users call, EarlyExitDrafter(target_config,
+    # n_layers, gamma, ...); ``config`` is derived, not given (``field(init=False)``).
+    target_config: ModelConfig
     n_layers: int = 1
+    gamma: int = 4
+    tree_nodes: int = 0
+    branching: int = 4
+    confidence: float = 0.0
+    config: ModelConfig = dataclasses.field(init=False, default=None, repr=False, compare=False)
+    kind = "early-exit"
     # its params are the target's, so it runs on the target's shards under a mesh (``jaxspec.sharding``)
     shares_target_weights = True
 
-    def __init__(self, target_config: ModelConfig, n_layers: int, gamma: int = 4, tree_nodes: int = 0,
-                 branching: int = 4, confidence: float = 0.0):
-        if not isinstance(n_layers, int) or not 1 <= n_layers < target_config.n_layers:
+    def __post_init__(self):
+        if not isinstance(self.n_layers, int) or not 1 <= self.n_layers < self.target_config.n_layers:
             raise ValueError(
-                f"n_layers for early exit must be in [1, {target_config.n_layers - 1}] "
-                f"(the target has {target_config.n_layers} layers), got {n_layers}"
+                f"n_layers for early exit must be in [1, {self.target_config.n_layers - 1}] "
+                f"(the target has {self.target_config.n_layers} layers), got {self.n_layers}"
             )
-        fields = dict(config=target_config.truncated(n_layers), gamma=gamma, tree_nodes=tree_nodes,
-                      branching=branching, confidence=confidence, n_layers=n_layers)
-        for name, value in fields.items():  # a frozen dataclass sets its fields in __init__ this way
-            object.__setattr__(self, name, value)
-        self.__post_init__()
+        object.__setattr__(self, "config", self.target_config.truncated(self.n_layers))  # derived once
+        self._check()
+
+    def localized(self, model_shards: int) -> EarlyExitDrafter:
+        """This drafter as one of ``model_shards`` shards of the target runs it: the first
+        ``n_layers`` blocks of the target's per-shard config.
+
+        Raises:
+          ValueError: ``model_shards`` does not divide the target's heads, MLP width or vocabulary.
+        """
+        from jaxspec import sharding
+
+        return dataclasses.replace(self, target_config=sharding.local_config(self.target_config, model_shards))
 
     def select_params(self, target_params: Any, drafter_params: Any) -> Any:
         return {**target_params, "layers": list(target_params["layers"][: self.n_layers])}

@@ -169,6 +169,7 @@ class NGramDrafter(Stateless):
     short_gamma: int = 0
     long_match: int = 16
     branch_min_n: int | None = None
+    kind = "ngram"  # class attribute, not a field
 
     def __post_init__(self):
         check_gamma(self.gamma)

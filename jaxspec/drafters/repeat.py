@@ -28,7 +28,8 @@ class RepeatDrafter(Stateless):
     """
 
     gamma: int = 4
-    capabilities = Capabilities()  # class attribute, not a field: never abstains
+    capabilities = Capabilities()  # class attributes, not fields: never abstains
+    kind = "repeat"
 
     def __post_init__(self):
         check_gamma(self.gamma)

@@ -77,13 +77,13 @@ def test_spec_bench_end_to_end(tmp_path):
     common = ["--model", target, "--draft-model", draft, "--questions", str(questions), "--per-category", "2",
               "--max-new-tokens", "8", "--no-compile-cache", "--prompt-bucket", "128"]
     methods = ["plain", "draft_g2", "hf_plain", "hf_prompt_lookup_g3", "hf_assisted_g2"]
-    bucket = jaxspec.api.PROMPT_BUCKET
+    bucket = jaxspec.request.PROMPT_BUCKET
     assert spec_bench.main(common + ["--batch-sizes", "1,2", "--methods", ",".join(methods), "--out", out]) == 0
     with open(out + ".json") as f:
         res = json.load(f)
     for key in ("command", "machine", "versions", "settings", "definitions", "summary", "rows"):
         assert key in res, key
-    assert res["settings"]["prompt_bucket"] == 128 and jaxspec.api.PROMPT_BUCKET == bucket  # for that run only
+    assert res["settings"]["prompt_bucket"] == 128 and jaxspec.request.PROMPT_BUCKET == bucket  # for that run only
     assert res["machine"]["cores"] >= 1 and res["machine"]["cpu_model"] is not None
     for pkg in ("jax", "torch", "transformers", "jaxspec_git"):
         assert res["versions"][pkg], pkg
@@ -159,8 +159,9 @@ def test_method_names():
 
 def test_drafters_of_method_names():
     """Each jaxspec method name builds the drafter it says (no compile: construction only)."""
-    import jaxspec
     from conftest import DRAFT, TARGET
+
+    import jaxspec
 
     def build(name):
         return spec_bench.make_drafter(spec_bench.parse_method(name), TARGET, DRAFT, ngram_max=3, ngram_min=2)
@@ -171,11 +172,34 @@ def test_drafters_of_method_names():
     assert build("draft_g3_n6_k2") == jaxspec.ModelDrafter(DRAFT, gamma=3, tree_nodes=6, branching=2)
     assert build("early_exit_l1_g2") == jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=2)
     assert build("draft_g4_c25") == jaxspec.ModelDrafter(DRAFT, gamma=4, confidence=0.25)
+    # the registry's default, the CLI's (jaxspec.drafters.kinds): a draft model's chain stops below 0.3
+    assert build("draft_g4") == jaxspec.ModelDrafter(DRAFT, gamma=4) and build("draft_g4").confidence == 0.3
+    assert build("draft_g4_c0").confidence == 0.0
     assert build("early_exit_g2").n_layers == 1  # default: a quarter of the target's blocks, at least 1
     assert build("lookahead_w3_n3_g2") == jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2)
     assert build("lookahead") == jaxspec.LookaheadDrafter()  # the drafter's defaults
     with pytest.raises(ValueError, match="lookahead takes the letters _w, _n, _g"):
         spec_bench.parse_method("lookahead_b2")
+
+
+def test_drafter_registry_options():
+    """``jaxspec.drafters.kinds``: one factory, each kind's options and defaults in one place;
+    an option a kind does not take, or a missing required one, is an error naming it."""
+    from conftest import DRAFT, TARGET
+
+    import jaxspec
+    from jaxspec.drafters import kinds
+
+    assert kinds.build("ngram", None) == (jaxspec.NGramDrafter(), None)
+    assert kinds.build("early-exit", TARGET)[0].n_layers == 1  # a quarter of 2 blocks, at least 1
+    assert kinds.build("model", None, draft=DRAFT)[0].confidence == 0.3
+    assert all(kinds.CLASSES[k].kind == k for k in kinds.KINDS)
+    with pytest.raises(ValueError, match="the ngram drafter takes the options gamma, max_n"):
+        kinds.build("ngram", None, tree_nodes=8)
+    with pytest.raises(ValueError, match="the model drafter needs draft="):
+        kinds.build("model", None)
+    with pytest.raises(ValueError, match="unknown drafter kind 'nope'"):
+        kinds.build("nope")
 
 
 def test_padded_plain_compares_and_records(tmp_path, bench_module, forward_widths):
