@@ -152,7 +152,8 @@ def test_method_names():
     assert (spec_bench.parse_method("medusa_g3_k2").kind, spec_bench.parse_method("medusa_g3_k2").branching) == (
         "medusa", 2)
     assert spec_bench.parse_method("eagle_g4_c30").confidence == 30
-    for bad in ("ngram_x4", "plain_g4", "eagle_b2", "medusa_n8", "medusa2", "ngram_g4_c30", "medusa_g4_c30"):
+    assert spec_bench.parse_method("plain_xla").kind == "plain_xla"  # plain with XLA's dot: the kernel's A/B
+    for bad in ("ngram_x4", "plain_g4", "plain_xla_g4", "eagle_b2", "medusa_n8", "medusa2", "ngram_g4_c30", "medusa_g4_c30"):
         with pytest.raises(ValueError, match="method"):
             spec_bench.parse_method(bad)
 
