@@ -130,8 +130,7 @@ class Program:
       plan: ``jaxspec.sharding.Plan`` of a ``mesh=`` call, else None.
       min_pass_tokens: the fewest tokens a target pass runs (``engine.min_pass_tokens``).
       rule: the acceptance rule (``acceptance.EXACT``, or ``synthetic.SYNTHETIC`` for benchmarks).
-      kernel: whether CPU weight products take jaxspec's kernel (``cpu_matmul.active()`` at setup:
-        the program traces and compiles differently).
+      kernel: ``cpu_matmul.active()`` at setup (the program traces and compiles differently).
     """
 
     config: ModelConfig
@@ -194,11 +193,6 @@ class Setup:
     synthetic: synthetic.SyntheticAcceptance | None
 
 
-def _signature(tree) -> tuple:
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    return treedef, tuple((x.shape, str(x.dtype)) for x in leaves)
-
-
 @functools.lru_cache(maxsize=None)
 def _jitted(program: Program):
     """The jitted program, returning an ``Output``; with a ``sharding.Plan`` it runs under
@@ -208,10 +202,9 @@ def _jitted(program: Program):
                                             max_len=program.cache_len, logprobs=program.logprobs,
                                             min_pass_tokens=program.min_pass_tokens, rule=program.rule))
 
-    # on CPU with the kernel, XLA options that keep a token's sums in the same order in any window
-    plan = program.plan
-    options = cpu_matmul.compiler_options(plan.mesh.devices.flat[0].platform if plan else jax.default_backend())
-    options = options if program.kernel else {}
+    plan = program.plan  # on CPU with the kernel: options that keep a row's sums in one order in any window
+    platform = plan.mesh.devices.flat[0].platform if plan else jax.default_backend()
+    options = cpu_matmul.compiler_options(platform) if program.kernel else {}
     if plan is None:
         return jax.jit(run, compiler_options=options)
     return jax.jit(plan.wrap(functools.partial(run, config=plan.config, drafter=plan.drafter)), compiler_options=options)
@@ -224,7 +217,8 @@ _PAIRED: dict = {}  # (id(target), id(draft)) -> weak refs of the Model pair che
 def _run(program: Program, params, drafter_params, inputs) -> tuple[Output, float, float]:
     """Compile (once per ``Program`` and input signature) and run; the ``Output`` comes to the
     host in ONE ``jax.device_get`` of the pytree. Returns ``(numpy Output, compile_s, run_s)``."""
-    key = (program, _signature((params, drafter_params, inputs)))
+    leaves, treedef = jax.tree_util.tree_flatten((params, drafter_params, inputs))
+    key = (program, treedef, tuple((x.shape, str(x.dtype)) for x in leaves))  # and the input signature
     compile_s = 0.0
     if key not in _COMPILED:
         t0 = time.perf_counter()
