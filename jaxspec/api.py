@@ -34,9 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import acceptance, engine, policy, request, result, synthetic
-from jaxspec.kernels import cpu_matmul
-from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, default_dtype
 from jaxspec.checkpoints.pairing import check_pair
+from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, default_dtype
+from jaxspec.kernels import cpu_matmul
 from jaxspec.result import GenerationResult, Output
 from jaxspec.tokenizer import Tokenizer
 

@@ -15,13 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import smollm2
 
 import jaxspec
 from jaxspec import models
 from jaxspec.cache import KVCache
 from jaxspec.kernels import cpu_matmul
 from jaxspec.models import linear as linear_mod
-from conftest import smollm2
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 U = 2.0**-24  # float32 unit roundoff

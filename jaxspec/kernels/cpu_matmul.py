@@ -26,8 +26,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-import threading
 import sysconfig
+import threading
 import warnings
 
 import jax
