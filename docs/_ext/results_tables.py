@@ -26,6 +26,7 @@ RESULTS = {
     "pass_cost_cpu": ("benchmarks/results/pass_cost_smollm2-135m-gemma3-270m_cpu_2026-12-01.json", "pass_cost"),
     "small_matmul_cpu": ("benchmarks/results/small_matmul_1536x8960_cpu_2026-12-06.json", "small_matmul"),
     "pass_cost_kernel_cpu": ("benchmarks/results/pass_cost_smollm2-135m_cpu_2026-12-06.json", "pass_cost"),
+    "spec_bench_smollm2_kernel": ("benchmarks/results/spec_bench_smollm2-135m_cpu_2026-12-06.json", "spec_bench"),
     "pass_cost_kernel_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-06.json", "pass_cost"),
     "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json", "batch_sweep"),
     "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b_cpu_2026-12-03.json", "batch_sweep"),
