@@ -62,7 +62,10 @@ def _libraries(args, mats):
 
     kn = [jnp.asarray(m) for m in mats]
     nk = [jnp.asarray(m.T.copy()) for m in mats]
-    dot_nk = lambda x, m: jax.lax.dot_general(x, m, (((1,), (1,)), ((), ())))  # noqa: E731
+
+    def dot_nk(x, m):  # x @ m.T, m stored [N, K]
+        return jax.lax.dot_general(x, m, (((1,), (1,)), ((), ())))
+
     runs = {"jax": (jitted(lambda x, m: x @ m, kn), 4), "jax_nk": (jitted(dot_nk, nk), 4),
             "numpy": ((lambda x: [x @ m for m in mats]), 4)}
     if cpu_matmul.enabled() and jax.default_backend() == "cpu":
