@@ -204,7 +204,7 @@ def _jitted(program: Program):
 
     plan = program.plan  # on CPU with the kernel: options that keep a row's sums in one order in any window
     platform = plan.mesh.devices.flat[0].platform if plan else jax.default_backend()
-    options = cpu_matmul.compiler_options(platform) if program.kernel else {}
+    options = cpu_matmul.compiler_options(platform, program.kernel)
     if plan is None:
         return jax.jit(run, compiler_options=options)
     return jax.jit(plan.wrap(functools.partial(run, config=plan.config, drafter=plan.drafter)), compiler_options=options)

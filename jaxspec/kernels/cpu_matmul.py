@@ -148,13 +148,14 @@ def describe() -> str:
 _ROW_INVARIANT_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def compiler_options(backend: str) -> dict[str, str]:
+def compiler_options(backend: str, kernel: bool | None = None) -> dict[str, str]:
     """XLA options for a program jaxspec compiles for ``backend`` (``jax.default_backend()``
-    names): on CPU with the kernel active, YNNPACK fusions off, so that everything a token's
-    row passes through (weight products, attention, norms) sums in the same order whatever the
-    window length; otherwise none. Pass to ``jax.jit(..., compiler_options=...)`` or
-    ``Lowered.compile(compiler_options)``."""
-    return dict(_ROW_INVARIANT_OPTIONS) if backend == "cpu" and active() else {}
+    names): on CPU with the kernel (``kernel``; default ``active()``), YNNPACK fusions off, so
+    that everything a token's row passes through (weight products, attention, norms) sums in
+    the same order whatever the window length; otherwise none. Pass to
+    ``jax.jit(..., compiler_options=...)`` or ``Lowered.compile(compiler_options)``."""
+    kernel = active() if kernel is None else kernel
+    return dict(_ROW_INVARIANT_OPTIONS) if backend == "cpu" and kernel else {}
 
 
 def _call(kind: str, x: jax.Array, ws) -> list[jax.Array]:
