@@ -14,8 +14,11 @@ nodes, tree branching, early-exit layers; ``_s``/``_m`` for the n-gram drafter's
 and long_match):
 
   plain                      jaxspec.generate(drafter=None): the baseline every speedup divides by
-  plain_xla                  plain with XLA's dot for the weight products on CPU (jaxspec's CPU
-                             kernel off, ``cpu_matmul.disabled()``): the kernel's A/B in one run
+  plain_xla                  plain with XLA's ops on CPU (jaxspec's CPU kernels off,
+                             ``cpu_matmul.disabled()``): the kernels' A/B in one run
+  <method>@xla_<part>        any jaxspec method with one part of jaxspec's CPU kernels off
+                             (``cpu_matmul.disabled(part)``, parts ``cpu_matmul.PARTS``: matmul,
+                             attention), e.g. ``ngram_g4@xla_attention``: one kernel's A/B in one run
   ngram_g4, ngram_g4_b2      NGramDrafter(gamma=4[, branches=2]): prompt-lookup chain / trie of 2 matches
   ngram_g16_s4[_m16]         NGramDrafter(gamma=16, short_gamma=4[, long_match=16]): adaptive depth
   draft_g4, draft_g4_n8_k2   ModelDrafter(--draft-model's config, gamma=4[, tree_nodes=8, branching=2])
@@ -178,6 +181,8 @@ class Method:
         absent; ``_c`` in percent: ``eagle_g4_c30`` stops chains below confidence 0.30); for
         ``lookahead`` the ``_w``, ``_n``, ``_g`` numbers are window, ngram, guesses instead.
       acceptance: ``_a``, the acceptance gate's tau in hundredths (None: no gate).
+      xla_part: the CPU kernel part a ``@xla_<part>`` suffix turns off (None: all kernels as
+        configured; ``plain_xla`` turns every part off).
     """
 
     name: str
@@ -194,6 +199,7 @@ class Method:
     long_match: int | None = None
     confidence: int | None = None
     acceptance: int | None = None
+    xla_part: str | None = None
 
     @property
     def is_hf(self) -> bool:
@@ -213,6 +219,15 @@ def parse_method(name: str) -> Method:
       ValueError: not a known kind followed by ``_g``/``_b``/``_n``/``_k``/``_l`` numbers, or
         a number the kind does not take (the message lists the grammar).
     """
+    base, _, suffix = name.partition("@")
+    if suffix:
+        from jaxspec.kernels import cpu_matmul
+
+        method = parse_method(base)
+        part = suffix.removeprefix("xla_")
+        if not suffix.startswith("xla_") or part not in cpu_matmul.PARTS or method.is_hf or method.kind == "plain_xla":
+            raise ValueError(f"method {name!r}: a jaxspec method then @xla_<part>, a part among {cpu_matmul.PARTS}")
+        return dataclasses.replace(method, name=name, xla_part=part)
     m = _METHOD.match(name)
     if not m:
         raise ValueError(f"unknown method {name!r}: a kind ({', '.join(KINDS)}) then optional _g<gamma> _b<branches> "
@@ -365,7 +380,9 @@ class JaxRunner:
                   temperature=temperature, seed=seeds, disable_by_batch_size=None, disable_by_acceptance=gate)
         compile_s = 0.0
         for _ in range(3):  # a call that compiled a new shape bucket is repeated: time the repeat
-            with cpu_matmul.disabled() if method.kind == "plain_xla" else contextlib.nullcontext():
+            off = cpu_matmul.disabled() if method.kind == "plain_xla" else (
+                cpu_matmul.disabled(method.xla_part) if method.xla_part else contextlib.nullcontext())
+            with off:
                 t0 = time.perf_counter()
                 res = jaxspec.generate(self.model, ids, **kw)
                 sec = time.perf_counter() - t0

@@ -130,7 +130,7 @@ class Program:
       plan: ``jaxspec.sharding.Plan`` of a ``mesh=`` call, else None.
       min_pass_tokens: the fewest tokens a target pass runs (``engine.min_pass_tokens``).
       rule: the acceptance rule (``acceptance.EXACT``, or ``synthetic.SYNTHETIC`` for benchmarks).
-      kernel: ``cpu_matmul.active()`` at setup (the program traces and compiles differently).
+      kernels: ``cpu_matmul.active_parts()`` at setup: the CPU kernels the program traces with.
     """
 
     config: ModelConfig
@@ -140,7 +140,7 @@ class Program:
     plan: Any
     min_pass_tokens: int
     rule: Any
-    kernel: bool
+    kernels: tuple[str, ...]
 
     @property
     def gamma(self) -> int:
@@ -204,7 +204,7 @@ def _jitted(program: Program):
 
     plan = program.plan  # on CPU with the kernel: options that keep a row's sums in one order in any window
     platform = plan.mesh.devices.flat[0].platform if plan else jax.default_backend()
-    options = cpu_matmul.compiler_options(platform, program.kernel)
+    options = cpu_matmul.compiler_options(platform, bool(program.kernels))
     if plan is None:
         return jax.jit(run, compiler_options=options)
     return jax.jit(plan.wrap(functools.partial(run, config=plan.config, drafter=plan.drafter)), compiler_options=options)
@@ -362,7 +362,7 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     rule = acceptance.EXACT if synthetic_acceptance is None else synthetic.SYNTHETIC
     program = Program(call.config, drafter, shapes.cache_len, lp_spec, plan, call.min_pass_tokens, rule,
-                      cpu_matmul.active())
+                      cpu_matmul.active_parts())
     return Setup(program, shapes, drafter_params, speculation, gate_tau, synthetic_acceptance)
 
 
@@ -408,11 +408,12 @@ def generate(
     and stop strings are applied inside the verify window exactly as plain decoding applies
     them (``jaxspec.sampling``, ``jaxspec.stopping``).
 
-    "Exactly" holds for the arithmetic too where a verify window computes each token's logits
-    as a 1-token pass does: on CPU it does (the test suite asserts equality in float32 and
-    bfloat16). On a GPU XLA runs other kernels for 1 and for T tokens, which round
-    differently: in bfloat16 on an H200 a near-tie then flips, and greedy output can diverge
-    from plain decoding's (``benchmarks/greedy_exactness.py``; docs/benchmarks.md, "Greedy exactness on GPU").
+    "Exactly" holds for the arithmetic too on CPU: bit for bit in logits, float32 and bfloat16
+    (row-invariant kernels, docs/cpu_kernel.md; the tests assert equal tokens and logprobs for
+    every drafter) while a pass has at most ``cpu_matmul.MAX_ROWS`` (64) rows, the batch bucket
+    times the verify window. On a GPU XLA runs other kernels for 1 and for T tokens, which
+    round differently: in bfloat16 on an H200 a near-tie then flips, and greedy output can
+    diverge from plain decoding's (``benchmarks/greedy_exactness.py``; docs/benchmarks.md, "Greedy exactness on GPU").
 
     Args:
       model: a ``Model`` (from ``load``) or a params pytree (then pass ``config``); not a

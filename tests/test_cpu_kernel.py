@@ -1,7 +1,9 @@
-"""The CPU small-T matmul kernel (``jaxspec.kernels.cpu_matmul``) and ``models.linear``:
-products against float64 and ``jnp.dot``, bitwise row invariance for every T in 1..16, a
-token's logits in a T-token window bitwise equal to its 1-token pass (tiny model, float32 and
-bfloat16), gradients through ``linear``, and the fallbacks (switch off, missing library)."""
+"""The CPU kernels (``jaxspec.kernels``): the small-T matmul behind ``models.linear`` (products
+against float64 and ``jnp.dot``, bitwise row invariance for every T in 1..16, gradients) and the
+attention behind ``models.attention`` (against XLA's, row invariance, keys in the cache or kept
+apart, gradients); a token's logits in a T-token window, written, kept apart or on a tree path,
+bitwise equal to its 1-token pass (tiny model and SmolLM2, float32 and bfloat16); and the
+fallbacks (switch off, missing library)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,9 @@ import jaxspec
 from jaxspec import models
 from jaxspec.cache import KVCache
 from jaxspec.kernels import cpu_matmul
+from jaxspec.models import attention as attention_mod
 from jaxspec.models import linear as linear_mod
+from jaxspec.models import rope as rope_mod
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 U = 2.0**-24  # float32 unit roundoff
@@ -92,10 +96,10 @@ def test_rows_bitwise_invariant(k, n, wdtype, kind):
 def test_linear_dispatch_and_shapes():
     """linear flattens leading dims, handles [N, K] weights, takes XLA's dot past MAX_ROWS
     (same values within rounding), and rounds bfloat16 activations' results to bfloat16."""
-    x, w = _operands(13, 37, 2 * 3 * 5, jnp.float32, seed=2)
-    x3 = jnp.asarray(x).reshape(2, 15, 13)
+    x, w = _operands(13, 37, 2 * (linear_mod.MAX_ROWS // 2 + 1), jnp.float32, seed=2)
+    x3 = jnp.asarray(x).reshape(2, linear_mod.MAX_ROWS // 2 + 1, 13)
     assert not linear_mod.kernel_applies(x3, w) and linear_mod.kernel_applies(x3[:, :8], w)
-    big = np.asarray(linear_mod.linear(x3, w))  # 30 rows: XLA
+    big = np.asarray(linear_mod.linear(x3, w))  # MAX_ROWS + 2 rows: XLA
     small = np.asarray(jax.jit(linear_mod.linear)(x3[:, :8], w))  # 16 rows: kernel
     np.testing.assert_allclose(small, big[:, :8], rtol=1e-5, atol=1e-5)
     tr = np.asarray(jax.jit(functools.partial(linear_mod.linear, transposed=True))(x3[:, :8], w.T))
@@ -150,38 +154,164 @@ def test_linears_bitwise_equal_separate_products(wdtype):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(h, np.float32), rtol=1e-5, atol=1e-6)
 
 
+def _attention_operands(dtype, seed=0, b=2, t=5, heads=6, kv=2, h=24, s=19, n=5):
+    """Random q [b, t, heads, h], cache k/v [b, s, kv, h], new k/v [b, n, kv, h] and masks (odd
+    head dim: the AVX2 path's 8-lane sums plus a tail; every query sees slot 0)."""
+    rng = np.random.default_rng(seed)
+
+    def arr(*shape):
+        return jnp.asarray(rng.standard_normal(shape), np.float32).astype(dtype)
+
+    seen = jnp.asarray(rng.random((b, t, s)) < 0.6).at[:, :, 0].set(True)
+    return arr(b, t, heads, h), arr(b, s, kv, h), arr(b, s, kv, h), seen, (arr(b, n, kv, h), arr(b, n, kv, h),
+                                                                          jnp.asarray(rng.random((b, t, n)) < 0.5))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("apart", [False, True])
+def test_attention_kernel_matches_xla(dtype, apart):
+    """The kernel against XLA's attention: float32 sums of <= 24 terms of size <= |q||k| (
+    scores) and of softmax weights times values: within 1e-5 absolute in float32; in bfloat16
+    both round the output once to 8 bits (one bfloat16 ulp, 2**-8 relative), after XLA also
+    rounded its weights to bfloat16: 2 ulps of the largest output."""
+    q, k, v, seen, extra = _attention_operands(dtype)
+    extra = extra if apart else None
+    got = jax.jit(lambda *a: attention_mod.attention(*a, extra=extra))(q, k, v, seen)
+    want = attention_mod._xla(q, k, v, seen, extra, 0.0)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    tol = 1e-5 if dtype == jnp.float32 else 2 * 2.0**-8 * float(jnp.max(jnp.abs(want.astype(jnp.float32))))
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_kernel_row_and_placement_invariant(dtype):
+    """Bitwise: query t of a T-query call equals the same query alone, and a query sees the
+    same result whether the newest keys sit in the cache or are kept apart (the 1-token pass
+    vs the verify window)."""
+    q, k, v, seen, (kn, vn, sn) = _attention_operands(dtype)
+    f = jax.jit(lambda q, s1, s2: attention_mod.attention(q, k, v, s1, extra=(kn, vn, s2)))
+    full = f(q, seen, sn)
+    for t in range(q.shape[1]):
+        np.testing.assert_array_equal(np.asarray(full[:, t : t + 1], np.float32),
+                                      np.asarray(f(q[:, t : t + 1], seen[:, t : t + 1], sn[:, t : t + 1]), np.float32))
+    s, n = k.shape[1], kn.shape[1]
+    k2, v2 = k.at[:, s - n :].set(kn), v.at[:, s - n :].set(vn)  # the new keys written over the last slots
+    older = jnp.zeros((2, 1, s), bool).at[:, :, : s - n].set(True)
+    apart = jax.jit(lambda: attention_mod.attention(q[:, :1], k, v, older, extra=(kn, vn, jnp.ones((2, 1, n), bool))))()
+    written = jax.jit(lambda: attention_mod.attention(q[:, :1], k2, v2, jnp.ones((2, 1, s), bool)))()
+    np.testing.assert_array_equal(np.asarray(apart, np.float32), np.asarray(written, np.float32))
+
+
+def test_attention_and_rope_gradients_are_xla_s():
+    """Gradients through the kernels are XLA's (``jax.custom_vjp``): equal to those of the XLA
+    functions, bit for bit (the backward passes are the same XLA code)."""
+    q, k, v, seen, extra = _attention_operands(jnp.float32)
+    g = jax.grad(lambda q, k: attention_mod.attention(q, k, v, seen, extra=extra).sum(), argnums=(0, 1))(q, k)
+    want = jax.grad(lambda q, k: attention_mod._xla(q, k, v, seen, extra, 0.0).sum(), argnums=(0, 1))(q, k)
+    for a, b in zip(g, want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    pos = jnp.asarray([[3, 4, 5, 6, 7], [0, 1, 2, 9, 11]], jnp.int32)
+    freqs = rope_mod.inv_freq(24, 10000.0)
+    g = jax.grad(lambda q: (rope_mod.apply(q, pos, freqs) ** 2).sum())(q)
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(jax.grad(lambda q: (rope_mod._xla(q, pos, freqs) ** 2).sum())(q)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_kernel_matches_xla_and_is_row_invariant(dtype):
+    """RoPE on CPU: within 4 float32 ulps of the largest value of XLA's (float32 sin/cos of the
+    same float32 angles, each within an ulp or two; in bfloat16 both round once: 1 ulp), and
+    a row alone bitwise equal to the same row among others."""
+    q = _attention_operands(dtype)[0]
+    pos = jnp.asarray([[3, 4, 5, 6, 7], [0, 1, 2, 9, 511]], jnp.int32)
+    freqs = rope_mod.inv_freq(24, 10000.0)
+    got = jax.jit(rope_mod.apply)(q, pos, freqs)
+    want = np.asarray(rope_mod._xla(q, pos, freqs), np.float32)
+    scale = float(np.max(np.abs(want)))
+    tol = 4 * 2.0**-23 * scale if dtype == jnp.float32 else 2.0**-7 * scale
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=0, atol=tol)
+    for t in range(q.shape[1]):
+        np.testing.assert_array_equal(np.asarray(jax.jit(rope_mod.apply)(q[:, t : t + 1], pos[:, t : t + 1], freqs)),
+                                      np.asarray(got[:, t : t + 1]))
+
+
 TINY = jaxspec.ModelConfig(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64,
                            max_position=512, name="tiny-kernel")
+
+
+# A draft tree over 6 window slots: parent of each node (-1: the root, the first new token).
+# Nodes 0, 2, 3, 5 are a path (depths 0..3) carrying the sequence's tokens; 1 and 4 are
+# siblings with other tokens, visible to no node of the path.
+TREE_PARENT = [-1, 0, 0, 2, 3, 3]
+TREE_PATH = [0, 2, 3, 5]
+
+
+def _tree():
+    n = len(TREE_PARENT)
+    seen, depth = np.eye(n, dtype=bool), np.zeros(n, np.int32)
+    for i, p in enumerate(TREE_PARENT):
+        if p >= 0:
+            seen[i] |= seen[p]
+            depth[i] = depth[p] + 1
+    return seen, depth
+
+
+def _check_windows(fwd, seq, start, n, cache, label, written=(2, 5, 8), apart=(2, 5, 8)):
+    """Score positions ``start .. start + n - 1`` of ``seq`` [1, L] one token at a time through
+    ``cache`` (holding positions below ``start``), then check that the same positions inside
+    windows over the same cache give the same logits bit for bit: T-token windows written into
+    the cache (``written``: prefill chunks, drafters), kept apart from it (``apart``: the
+    engine's verify, ``forward(write=False)``), and the path of a draft tree among siblings
+    (``TREE_PARENT``), both ways. ``fwd(tokens, positions, cache, mask, write)``."""
+    def run(t, cache, mask=None, write=True, tokens=None):
+        pos = start + np.arange(t, dtype=np.int32)[None] if mask is None else mask.positions
+        tokens = seq[:, start : start + t] if tokens is None else tokens
+        out = fwd(jnp.asarray(tokens), jnp.asarray(pos), cache, mask, write)
+        return np.asarray(out.logits[0], np.float32), out.cache
+
+    ones, c = [], cache
+    for j in range(n):
+        pos = jnp.asarray([[start + j]], jnp.int32)
+        out = fwd(jnp.asarray(seq[:, start + j : start + j + 1]), pos, c, None, True)
+        ones.append(np.asarray(out.logits[0, 0], np.float32))
+        c = out.cache
+    ones = np.stack(ones)
+    begin = jnp.asarray([start], jnp.int32)
+    for t in written:
+        np.testing.assert_array_equal(run(t, cache)[0], ones[:t], err_msg=f"{label}: written, T={t}")
+    for t in apart:
+        causal = models.TreeMask(begin, jnp.asarray(np.tri(t, dtype=bool)[None]),
+                                 jnp.asarray(start + np.arange(t, dtype=np.int32)[None]))
+        np.testing.assert_array_equal(run(t, cache, causal, write=False)[0], ones[:t], err_msg=f"{label}: apart, T={t}")
+    seen, depth = _tree()
+    tokens = (seq[0, start + depth] + 1 + np.arange(len(depth))) % 64  # siblings: other tokens
+    tokens[TREE_PATH] = seq[0, start + depth[TREE_PATH]]
+    tree = models.TreeMask(begin, jnp.asarray(seen[None]), jnp.asarray(start + depth[None]))
+    for write in (False, True):
+        got = run(len(depth), cache, tree, write=write, tokens=tokens[None])[0][TREE_PATH]
+        np.testing.assert_array_equal(got, ones[: len(TREE_PATH)], err_msg=f"{label}: tree path, write={write}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_window_logits_bitwise_equal_one_token_passes(dtype):
     """The logits of tokens 8..15 scored by 1-token passes through the KV cache equal, bit for
-    bit, the same positions inside a T-token verify window (T = 2, 5, 8) over the same cache."""
+    bit, the same positions inside T-token windows over the same cache (T = 2, 5, 8), written
+    into the cache or kept apart from it as the engine's verify keeps them, and along the path
+    of a draft tree (``_check_windows``)."""
     params = models.init_params(TINY, jax.random.key(0), dtype=dtype, scale=1.0)
     seq = np.random.default_rng(0).integers(0, TINY.vocab_size, (1, 16)).astype(np.int32)
-    fwd = jax.jit(functools.partial(models.forward, params, TINY))
-
-    def run(start, t, cache):
-        pos = jnp.asarray(start + np.arange(t, dtype=np.int32)[None])
-        return fwd(jnp.asarray(seq[:, start : start + t]), pos, cache)
-
-    cache = run(0, 8, KVCache.zeros(TINY, 1, 32, dtype)).cache
-    ones, c = [], cache
-    for j in range(8, 16):
-        out = run(j, 1, c)
-        ones.append(np.asarray(out.logits[0, 0]))
-        c = out.cache
-    for t in (2, 5, 8):
-        np.testing.assert_array_equal(np.asarray(run(8, t, cache).logits[0]), np.stack(ones[:t]), err_msg=f"T={t}")
+    fwd = jax.jit(lambda t, p, c, m, w: models.forward(params, TINY, t, p, c, mask=m, write=w), static_argnums=4)
+    prompt = fwd(jnp.asarray(seq[:, :8]), jnp.arange(8, dtype=jnp.int32)[None], KVCache.zeros(TINY, 1, 32, dtype),
+                 None, True)
+    _check_windows(fwd, seq, 8, 8, prompt.cache, str(jnp.dtype(dtype)))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_smollm2_window_logits_bitwise_equal_one_token_passes(dtype):
     """The real SmolLM2-135M, compiled as jaxspec compiles its programs (``compiler_options``):
     logits of positions 16..31 scored one token at a time equal, bit for bit, the same positions
-    inside a T-token verify window (T = 2, 5, 8, 16) over the same cache, in float32 and in
-    bfloat16 (weights, activations and cache)."""
+    inside a 16-token window written into the cache, a 5-token window kept apart from it (the
+    engine's verify) and the path of a draft tree, in float32 and in bfloat16 (weights,
+    activations and cache)."""
     base = smollm2()
     model = base if dtype == "float32" else jaxspec.load("smollm2-135m", dtype=dtype)
     cfg = model.config
@@ -189,22 +319,12 @@ def test_smollm2_window_logits_bitwise_equal_one_token_passes(dtype):
     # XLA:CPU's unoptimized reductions are not row-invariant): what a user's program compiles to
     options = {**cpu_matmul.compiler_options(jax.default_backend()), "xla_backend_optimization_level": 3,
                "xla_cpu_use_fusion_emitters": True}
-    fwd = jax.jit(lambda p, *a: models.forward(p, cfg, *a), compiler_options=options)
+    fwd = jax.jit(lambda p, t, pos, c, m, w: models.forward(p, cfg, t, pos, c, mask=m, write=w), static_argnums=5,
+                  compiler_options=options)
     seq = np.random.default_rng(0).integers(0, cfg.vocab_size, (1, 32)).astype(np.int32)
-
-    def run(start, t, cache):
-        pos = jnp.asarray(start + np.arange(t, dtype=np.int32)[None])
-        return fwd(model.params, jnp.asarray(seq[:, start : start + t]), pos, cache)
-
-    cache = run(0, 16, KVCache.zeros(cfg, 1, 64, model.params["embed"].dtype)).cache
-    ones, c = [], cache
-    for j in range(16, 32):
-        out = run(j, 1, c)
-        ones.append(np.asarray(out.logits[0, 0], np.float32))
-        c = out.cache
-    for t in (2, 5, 8, 16):
-        np.testing.assert_array_equal(np.asarray(run(16, t, cache).logits[0], np.float32), np.stack(ones[:t]),
-                                      err_msg=f"{dtype} T={t}")
+    cache = KVCache.zeros(cfg, 1, 64, model.params["embed"].dtype)
+    prompt = fwd(model.params, jnp.asarray(seq[:, :16]), jnp.arange(16, dtype=jnp.int32)[None], cache, None, True)
+    _check_windows(functools.partial(fwd, model.params), seq, 16, 16, prompt.cache, dtype, written=(16,), apart=(5,))
 
 
 def test_missing_library_warns_once_and_falls_back(monkeypatch):
@@ -248,3 +368,24 @@ def test_default_is_on_for_both_dtypes(monkeypatch):
     monkeypatch.setenv(cpu_matmul.ENV_SWITCH, "auto")
     with pytest.raises(ValueError, match="JAXSPEC_CPU_KERNEL must be 1 or 0, got 'auto'"):
         cpu_matmul.mode()
+
+
+def test_disabled_turns_off_one_part_and_keys_the_program(tiny):
+    """``cpu_matmul.disabled(part)``: inside, that part takes XLA's ops and the other keeps its
+    kernel; ``generate`` compiles another program for it (``Program.kernels``), which gives the
+    same greedy tokens; an unknown part is refused naming the parts."""
+    q, k, v, seen, _ = _attention_operands(jnp.float32)
+    x, w = _operands(13, 37, 3, jnp.float32)
+    assert cpu_matmul.active_parts() == cpu_matmul.PARTS and attention_mod.kernel_applies(q, k, v, None)
+    with cpu_matmul.disabled("attention"):
+        assert cpu_matmul.active_parts() == ("matmul",)
+        assert not attention_mod.kernel_applies(q, k, v, None) and linear_mod.kernel_applies(jnp.asarray(x), w)
+        off = tiny.generate(tiny.prompts[:1], "ngram", gamma=4, max_new_tokens=8)
+    with cpu_matmul.disabled():
+        assert cpu_matmul.active_parts() == ()
+    assert cpu_matmul.active_parts() == cpu_matmul.PARTS
+    on = tiny.generate(tiny.prompts[:1], "ngram", gamma=4, max_new_tokens=8)
+    assert on.metrics.compile_s > 0 and off.tokens == on.tokens
+    with pytest.raises(ValueError, match=r"parts must be among \('matmul', 'attention'\), got \['rope'\]"):
+        with cpu_matmul.disabled("rope"):
+            pass

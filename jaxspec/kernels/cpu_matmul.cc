@@ -30,12 +30,7 @@
 // file is compiled with -ffp-contract=off so that the portable path's a + b * c is not fused
 // in some instantiations and not others.
 //
-// Threads: XLA's intra-op thread pool, handed to the handler by the FFI (ffi::ThreadPool);
-// the calling thread works too, and claims chunks until none are left, so the call finishes
-// even when no pool thread ever runs a task. It then waits for chunks other threads claimed,
-// spinning (yielding the core) for at most kSpinMicros before it sleeps: a product takes tens
-// of microseconds, and waking a sleeping thread costs about as much (measured: 11 us per call
-// with a sleeping wait, 3 us spinning, on a 64 x 64 product).
+// Threads: XLA's intra-op thread pool (parallel_chunks, cpu_parallel.h).
 
 #include <algorithm>
 #include <atomic>
@@ -54,10 +49,14 @@
 #endif
 
 #include "xla/ffi/api/ffi.h"
+#include "cpu_parallel.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
+
+using jaxspec_cpu::cpu_has_avx2;
+using jaxspec_cpu::parallel_chunks;
 
 constexpr int64_t kPanelMax = 2048;   // columns per panel (kn): y's T rows and 8 W rows stay in L2
 constexpr int64_t kL1Cols = 256;      // columns of an 8-row W block applied to all x rows at once
@@ -65,9 +64,8 @@ constexpr int64_t kStep = 32;         // kn columns per register step (4 AVX2 ve
 constexpr int64_t kNkRows = 3;        // x rows per register block (nk)
 constexpr int64_t kNkCols = 4;        // E rows (outputs) per register block (nk)
 constexpr int64_t kSerialBelow = 1 << 15;  // K * sum(N) under which one thread does it all
-constexpr int64_t kSpinMicros = 100;
 constexpr int64_t kPieceElems = 1 << 16;  // kn: weights per k piece, at least
-constexpr int64_t kMaxPieces = 8;         // kn: k pieces per weight, at most       // how long the caller spins for other threads' chunks
+constexpr int64_t kMaxPieces = 8;         // kn: k pieces per weight, at most
 
 inline float bf16_to_f32(uint16_t v) {
   uint32_t u = static_cast<uint32_t>(v) << 16;
@@ -375,60 +373,6 @@ void nk_outputs(const Problem& p, int64_t r0, int64_t r1, bool avx2) {
       for (; n < g1; n += kNkCols) table[tb - 1][std::min(kNkCols, g1 - n) - 1](p, t0, n);
     }
   }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Work sharing over XLA's intra-op pool: `chunks` independent pieces, claimed from a counter by
-// the caller and by up to num_threads pool tasks; returns when all are done.
-
-struct Shared {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::mutex mu;
-  std::condition_variable cv;
-};
-
-template <class Fn>
-void parallel_chunks(ffi::ThreadPool& pool, int64_t chunks, const Fn& fn) {
-  // The calling thread works too: pool.num_threads() - 1 helpers keep one worker per pool
-  // thread (measured: num_threads helpers, i.e. one more runnable thread than cores, made a
-  // SmolLM2-sized pass 40% slower).
-  const int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, chunks - 1);
-  if (helpers <= 0) {
-    for (int64_t i = 0; i < chunks; ++i) fn(i);
-    return;
-  }
-  auto shared = std::make_shared<Shared>();
-  // A task only touches fn after claiming a chunk, and the caller waits for every claimed
-  // chunk, so fn (on the caller's stack) outlives every use; late tasks find nothing to claim.
-  auto work = [shared, chunks, &fn]() {
-    int64_t mine = 0;
-    for (int64_t i; (i = shared->next.fetch_add(1)) < chunks; ++mine) fn(i);
-    if (mine && shared->done.fetch_add(mine) + mine == chunks) {
-      std::lock_guard<std::mutex> lock(shared->mu);  // the caller checks `done` under mu before it sleeps
-      shared->cv.notify_all();
-    }
-  };
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule(decltype(work)(work));
-  work();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
-  for (int spins = 0; shared->done.load() != chunks; ++spins) {
-    if ((spins & 7) == 7 && std::chrono::steady_clock::now() > until) {
-      std::unique_lock<std::mutex> lock(shared->mu);
-      shared->cv.wait(lock, [&] { return shared->done.load() == chunks; });
-      return;
-    }
-    std::this_thread::yield();  // a pool thread sharing this core gets to finish its chunk
-  }
-}
-
-bool cpu_has_avx2() {
-#ifdef JAXSPEC_X86
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-#else
-  return false;
-#endif
 }
 
 ffi::Error check_shapes(const ffi::Buffer<ffi::F32>& x, const ffi::AnyBuffer& w, ffi::Result<ffi::Buffer<ffi::F32>>& y,

@@ -1,10 +1,12 @@
 """Loader of the CPU small-T matmul kernel (``cpu_matmul.cc``, built by ``pip install -e .``
-into ``jaxspec/kernels/_cpu_matmul<EXT_SUFFIX>``) and its two XLA FFI targets:
+into ``jaxspec/kernels/_cpu_matmul<EXT_SUFFIX>``) and its XLA FFI targets:
 
 * ``matmul_kn(x, w)``: ``x [T, K] float32 @ w [K, N]`` (float32 or bfloat16) -> ``[T, N]`` float32,
   and ``matmul_kn_many(x, ws)``: several such products sharing x in one call;
 * ``matmul_nk(x, e)``: ``x [T, K] float32 @ e [N, K]^T`` -> ``[T, N]`` float32 (a tied
-  embedding table as the output head).
+  embedding table as the output head);
+
+and the attention and RoPE targets (``cpu_attention.cc``, called by ``jaxspec.kernels.cpu_attention``).
 
 The library is a plain shared object loaded with ``ctypes`` and registered with
 ``jax.ffi.register_ffi_target`` (the typed XLA FFI needs no Python binding, so no pybind or
@@ -35,9 +37,18 @@ import jax.numpy as jnp
 import numpy as np
 
 ENV_SWITCH = "JAXSPEC_CPU_KERNEL"
+# Rows (tokens, flattened over the batch for weight products) up to which a pass takes the
+# kernels, and so up to which a token's logits are the same bits in a 1-token pass and in a
+# verify window (a batch of 4 rows verifying 9-token windows is 36 rows); wider passes (long
+# prefill chunks) take XLA's own ops, which are not row-invariant. The price at the top of the
+# range, measured at SmolLM2's MLP shape (``python -m benchmarks.bench_small_matmul --k 576
+# --n 1536 --widths 1,16,32,64``, 2-core AMD EPYC): float32 T=32 0.74 ms vs XLA's 0.88, T=64
+# 1.46 vs 1.21; bfloat16 weights T=64 2.11 vs XLA's 1.57.
+MAX_ROWS = 64
 LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "_cpu_matmul" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
-_TARGETS = {"kn": "jaxspec_cpu_matmul_kn", "nk": "jaxspec_cpu_matmul_nk"}
+_TARGETS = {"kn": "jaxspec_cpu_matmul_kn", "nk": "jaxspec_cpu_matmul_nk", "attention": "jaxspec_cpu_attention",
+            "rope": "jaxspec_cpu_rope"}
 _state: dict = {}
 _local = threading.local()
 
@@ -48,7 +59,9 @@ def _load(path: str) -> tuple[bool, str]:
         return False, f"the CPU matmul kernel is not built ({path} is missing)"
     try:
         lib = ctypes.CDLL(path)
-        for name, symbol in (("kn", lib.JaxspecMatmulKN), ("nk", lib.JaxspecMatmulNK)):
+        symbols = (("kn", lib.JaxspecMatmulKN), ("nk", lib.JaxspecMatmulNK), ("attention", lib.JaxspecAttention),
+                   ("rope", lib.JaxspecRope))
+        for name, symbol in symbols:
             jax.ffi.register_ffi_target(_TARGETS[name], jax.ffi.pycapsule(symbol), platform="cpu")
         isa = "avx2" if lib.jaxspec_matmul_isa() else "portable"
     except (OSError, AttributeError, RuntimeError, ValueError, TypeError) as exc:
@@ -110,25 +123,43 @@ def enabled(path: str | None = None) -> bool:
     return _state["on"]
 
 
+# What the kernels replace, each a part ``disabled`` can turn off on its own: the weight products
+# (``jaxspec.models.linear``), and the attention with RoPE (``jaxspec.models.attention``,
+# ``jaxspec.models.rope``).
+PARTS = ("matmul", "attention")
+
+
 @contextlib.contextmanager
-def disabled():
-    """Within this block, functions traced take XLA's dot (``jaxspec.models.linear`` asks
-    ``active()`` at trace time): an A/B of both paths in one process, as the benchmarks run it.
-    Programs compiled inside keep XLA's dot after the block."""
-    before = getattr(_local, "off", False)
-    _local.off = True
+def disabled(*parts: str):
+    """Within this block, functions traced take XLA's ops for ``parts`` (default: every part of
+    ``PARTS``; the models ask ``active(part)`` at trace time): an A/B of both paths in one
+    process, as the benchmarks run it. Programs compiled inside keep XLA's ops after the block.
+
+    Raises:
+      ValueError: a part not in ``PARTS``.
+    """
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ValueError(f"parts must be among {PARTS}, got {unknown}")
+    before = getattr(_local, "off", frozenset())
+    _local.off = before | frozenset(parts or PARTS)
     try:
         yield
     finally:
         _local.off = before
 
 
-def active() -> bool:
-    """Whether a product traced now takes the kernel: not inside ``disabled()``, switched on
-    (``mode``) and ``enabled()``."""
-    if getattr(_local, "off", False) or mode() == "off":
+def active(part: str = "matmul") -> bool:
+    """Whether ``part`` (of ``PARTS``) traced now takes its kernel: not inside a ``disabled()``
+    of it, switched on (``mode``) and ``enabled()``."""
+    if part in getattr(_local, "off", frozenset()) or mode() == "off":
         return False
     return enabled()
+
+
+def active_parts() -> tuple[str, ...]:
+    """The parts of ``PARTS`` that take their kernel when traced now (``active``)."""
+    return tuple(p for p in PARTS if active(p))
 
 
 def describe() -> str:
@@ -139,23 +170,33 @@ def describe() -> str:
     return f"XLA dot ({_state['why']})"
 
 
-# XLA:CPU's YNNPACK fusions (jaxlib 0.10) run the attention's multi-row dots with a kernel whose
-# order of sums depends on the row count (measured: SmolLM2's logits in an 8-token verify window
-# differed from its 1-token passes by up to 4e-5 in float32, 0.02 in bfloat16, and were bitwise
-# equal with these fusions off); with the weight products on the kernel, turning them off
-# costs nothing measurable (docs/cpu_kernel.md) and leaves XLA's own dot emitter, which is
-# row-invariant at these shapes.
-_ROW_INVARIANT_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+# What XLA compiles around the kernels must not depend on the row count either:
+# - YNNPACK fusions (jaxlib 0.10) run multi-row dots with a kernel whose order of sums depends on
+#   the row count (measured: SmolLM2's logits in an 8-token verify window differed from its
+#   1-token passes by up to 4e-5 in float32, 0.02 in bfloat16, and were bitwise equal with these
+#   fusions off); with the weight products and the attention on the kernels, turning them off
+#   costs nothing measurable (docs/cpu_kernel.md).
+# - excess precision: by default XLA may skip rounding a bfloat16 intermediate when it fuses
+#   elementwise ops (the MLP's activation times up projection, the norms), so whether a value is
+#   rounded depends on how the program around it was fused (measured: the tiny test model's
+#   bfloat16 logprobs in a verify window 1e-4 off its 1-token passes; bitwise equal with it off).
+_ROW_INVARIANT_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": "", "xla_allow_excess_precision": False}
 
 
-def compiler_options(backend: str, kernel: bool | None = None) -> dict[str, str]:
+def compiler_options(backend: str, kernel: bool | None = None) -> dict[str, str | bool]:
     """XLA options for a program jaxspec compiles for ``backend`` (``jax.default_backend()``
-    names): on CPU with the kernel (``kernel``; default ``active()``), YNNPACK fusions off, so
-    that everything a token's row passes through (weight products, attention, norms) sums in
-    the same order whatever the window length; otherwise none. Pass to
+    names): on CPU with the kernel (``kernel``; default ``active()``), YNNPACK fusions off and
+    every bfloat16 intermediate rounded, so that everything a token's row passes through (weight
+    products, attention, norms) sums and rounds the same whatever the window length; otherwise
+    none. Pass to
     ``jax.jit(..., compiler_options=...)`` or ``Lowered.compile(compiler_options)``."""
     kernel = active() if kernel is None else kernel
     return dict(_ROW_INVARIANT_OPTIONS) if backend == "cpu" and kernel else {}
+
+
+def target(kind: str) -> str:
+    """The registered FFI target name of ``kind`` (``"kn"``, ``"nk"``, ``"attention"``, ``"rope"``)."""
+    return _TARGETS[kind]
 
 
 def _call(kind: str, x: jax.Array, ws) -> list[jax.Array]:

@@ -54,6 +54,7 @@ import numpy as np
 from jaxspec.cache import KVCache, write
 from jaxspec.config import ModelConfig
 from jaxspec.models import rope
+from jaxspec.models.attention import attention
 from jaxspec.models.linear import linear, linears
 
 
@@ -101,45 +102,6 @@ def _visible(positions: jax.Array, n_slots: int, mask: TreeMask | None, window: 
     if window:
         visible &= key_pos > positions[:, :, None] - window
     return visible
-
-
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, scale: float = 0.0,
-              extra: tuple[jax.Array, jax.Array, jax.Array] | None = None) -> jax.Array:
-    """Grouped-query attention of new queries over the cache (and, with ``extra``, over keys
-    and values kept apart from it: one softmax over both).
-
-    Args:
-      q: ``[B, T, H, h]``; k, v: ``[B, S, K, h]`` (cache, new tokens already written).
-      visible: bool ``[B, T, S]`` (``_visible``): causal by position for contiguous tokens,
-        the ancestors for a tree; stale slots are never visible.
-      scale: score scale; 0 means ``h ** -0.5``.
-      extra: ``(k [B, T', K, h], v [B, T', K, h], visible bool [B, T, T'])`` or None: the new
-        tokens' own keys and values when they are not written into the cache
-        (``forward(write=False)``).
-
-    Returns:
-      ``[B, T, H * h]``.
-    """
-    b, t, n_heads, h = q.shape
-    n_kv = k.shape[2]
-    q = q.reshape(b, t, n_kv, n_heads // n_kv, h)
-    parts = [(k, v, visible)] + ([extra] if extra is not None else [])
-    scores = [jnp.einsum("btkgh,bskh->bkgts", q, pk, preferred_element_type=jnp.float32) for pk, _, _ in parts]
-    scores = jnp.concatenate(scores, axis=-1) if extra is not None else scores[0]
-    scores = scores * scale if scale else scores / np.sqrt(h)
-    seen = jnp.concatenate([pv for _, _, pv in parts], axis=-1) if extra is not None else visible
-    weights = jax.nn.softmax(jnp.where(seen[:, None, None], scores, -jnp.inf), axis=-1).astype(v.dtype)
-    if extra is None:
-        return jnp.einsum("bkgts,bskh->btkgh", weights, v).reshape(b, t, n_heads * h)
-    # the parts' weighted sums add in float32 and round once, as one einsum over both would:
-    # rounding each part (bfloat16) made a token's output depend on where its window starts
-    out, at = 0, 0
-    for _, part_v, _ in parts:
-        n = part_v.shape[1]
-        out = out + jnp.einsum("bkgts,bskh->btkgh", weights[..., at : at + n], part_v,
-                               preferred_element_type=jnp.float32)
-        at += n
-    return out.astype(v.dtype).reshape(b, t, n_heads * h)
 
 
 def _all_reduce(x: jax.Array, config: ModelConfig) -> jax.Array:

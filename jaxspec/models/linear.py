@@ -27,7 +27,7 @@ import jax.numpy as jnp
 
 from jaxspec.kernels import cpu_matmul
 
-MAX_ROWS = 16
+MAX_ROWS = cpu_matmul.MAX_ROWS
 _DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig, RopeScaling
+from jaxspec.kernels import cpu_attention, cpu_matmul
 
 
 def inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
@@ -50,6 +51,38 @@ def layer_inv_freq(config: ModelConfig, layer: int) -> np.ndarray:
     return inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
 
 
+def _xla(x: jax.Array, positions: jax.Array, freqs) -> jax.Array:
+    angles = positions.astype(jnp.float32)[..., None] * freqs  # [B, T, h/2]
+    cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, :, None, :]
+    sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = jnp.split(x32, 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+
+
+@jax.custom_vjp
+def _kernel(x, positions, freqs):
+    """The kernel on a CPU device, XLA elsewhere (``lax.platform_dependent``)."""
+    return jax.lax.platform_dependent(
+        x, positions, freqs, cpu=lambda x, p, f: cpu_attention.rope(x, p, f).astype(x.dtype), default=_xla)
+
+
+def _kernel_fwd(x, positions, freqs):
+    return _kernel(x, positions, freqs), (x, positions, freqs)
+
+
+def _kernel_bwd(res, g):
+    x, positions, freqs = res
+    return jax.vjp(lambda x: _xla(x, positions, freqs), x)[1](g) + (None, None)
+
+
+_kernel.defvjp(_kernel_fwd, _kernel_bwd)
+
+
 def apply(x: jax.Array, positions: jax.Array, freqs: np.ndarray) -> jax.Array:
     """Rotate ``x`` by its positions, "rotate_half" layout (dim ``i`` pairs with ``i + h/2``).
 
@@ -59,12 +92,14 @@ def apply(x: jax.Array, positions: jax.Array, freqs: np.ndarray) -> jax.Array:
       freqs: float32 ``[h/2]`` from ``inv_freq``.
 
     Returns:
-      ``[B, T, N, h]`` in ``x.dtype`` (computed in float32).
+      ``[B, T, N, h]`` in ``x.dtype`` (computed in float32). On CPU with jaxspec's kernels
+      (``cpu_matmul.active("attention")``, any T) the kernel computes it, with the same
+      rounding in every program (XLA fuses these multiply-adds with whatever reads them, the
+      cache write of a 1-token pass or the attention of a verify window, and contracts them to
+      FMAs differently: 1 ulp apart on the keys), and faster (measured: 0.85 vs 5.4 ms for
+      1792 tokens of 9 heads of 64); elsewhere XLA.
     """
-    angles = positions.astype(jnp.float32)[..., None] * freqs  # [B, T, h/2]
-    cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, :, None, :]
-    sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = jnp.split(x32, 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x32 * cos + rotated * sin).astype(x.dtype)
+    if (x.ndim == 4 and x.shape[1] >= 1 and x.shape[-1] % 2 == 0 and x.shape[-1] <= 512
+            and jnp.dtype(x.dtype) in _DTYPES and cpu_matmul.active("attention")):
+        return _kernel(x, positions, jnp.asarray(freqs, jnp.float32))
+    return _xla(x, positions, freqs)

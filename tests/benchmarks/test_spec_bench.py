@@ -153,7 +153,11 @@ def test_method_names():
         "medusa", 2)
     assert spec_bench.parse_method("eagle_g4_c30").confidence == 30
     assert spec_bench.parse_method("plain_xla").kind == "plain_xla"  # plain with XLA's dot: the kernel's A/B
-    for bad in ("ngram_x4", "plain_g4", "plain_xla_g4", "eagle_b2", "medusa_n8", "medusa2", "ngram_g4_c30", "medusa_g4_c30"):
+    m = spec_bench.parse_method("ngram_g4@xla_attention")  # one CPU kernel part off: its A/B in one run
+    assert (m.name, m.kind, m.gamma, m.xla_part) == ("ngram_g4@xla_attention", "ngram", 4, "attention")
+    assert spec_bench.parse_method("ngram_g4").xla_part is None
+    for bad in ("ngram_x4", "plain_g4", "plain_xla_g4", "eagle_b2", "medusa_n8", "medusa2", "ngram_g4_c30", "medusa_g4_c30",
+                "ngram_g4@attention", "ngram_g4@xla_rope", "plain_xla@xla_matmul", "hf_plain@xla_matmul"):
         with pytest.raises(ValueError, match="method"):
             spec_bench.parse_method(bad)
 
