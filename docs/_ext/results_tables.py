@@ -28,6 +28,8 @@ RESULTS = {
     "pass_cost_kernel_cpu": ("benchmarks/results/pass_cost_smollm2-135m_cpu_2026-12-06.json", "pass_cost"),
     "spec_bench_smollm2_kernel": ("benchmarks/results/spec_bench_smollm2-135m_cpu_2026-12-06.json", "spec_bench"),
     "pass_cost_kernel_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-06.json", "pass_cost"),
+    "spec_bench_smollm2_attention": ("benchmarks/results/spec_bench_smollm2-135m-attention_cpu_2026-12-07.json", "spec_bench"),
+    "exact_logprobs_smollm2": ("benchmarks/results/exact_logprobs_smollm2-135m_cpu_2026-12-07.json", "exact_logprobs"),
     "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json", "batch_sweep"),
     "batch_sweep_qwen": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b_cpu_2026-12-03.json", "batch_sweep"),
     "batch_sweep_qwen_b2_8_32": ("benchmarks/results/batch_sweep_qwen2.5-coder-1.5b-b2-8-32_cpu_2026-12-03.json", "batch_sweep"),
@@ -161,7 +163,19 @@ def small_matmul(path: str, d: dict) -> str:
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
 
 
-KINDS = {"pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
+def exact_logprobs(path: str, d: dict) -> str:
+    s = d["settings"]
+    md = ["| dtype / drafter | prompts | text identical to plain | logprobs bitwise plain's | drafts accepted |",
+          "|---|---|---|---|---|"]
+    md += [f"| {key} | {x['prompts']} | {x['text_identical']} | {x['logprobs_bitwise']} | {x['accepted']} |"
+           for key, x in d["summary"].items()]
+    md += ["", f"Greedy, batch 1, {s['max_new_tokens']} new tokens, {s['per_category']} Spec-Bench question(s) per "
+           f"category and {s['mixed']} mixed prompts; each emitted token's logprob and top alternative compared "
+           f"with `==`."]
+    return "\n".join(md + _source(path, d, d["started_utc"][:10]))
+
+
+KINDS = {"exact_logprobs": exact_logprobs, "pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
 
 
 def _write(out: str, text: str) -> None:
