@@ -5,7 +5,7 @@
 //   nk:  y[T, N] = x[T, K] @ E[N, K]^T      (a tied embedding table used as the output head)
 //
 // x and y are float32; W / E are float32 or bfloat16 (widened to float32 on load); the sums
-// are float32. T is meant to be small (1..16 rows: decode and speculative verify windows).
+// are float32. T is meant to be small (1..64 rows, cpu_matmul.MAX_ROWS: decode and verify windows).
 //
 // Method. The products are memory-bound at these T: the cost is reading the weights once.
 // kn: each weight is cut into k pieces, contiguous blocks of W's rows (their number a function

@@ -45,6 +45,8 @@ ENV_SWITCH = "JAXSPEC_CPU_KERNEL"
 # --n 1536 --widths 1,16,32,64``, 2-core AMD EPYC): float32 T=32 0.74 ms vs XLA's 0.88, T=64
 # 1.46 vs 1.21; bfloat16 weights T=64 2.11 vs XLA's 1.57.
 MAX_ROWS = 64
+# The operand dtypes the kernels take (products, attention, RoPE); others take XLA's ops.
+DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "_cpu_matmul" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 _TARGETS = {"kn": "jaxspec_cpu_matmul_kn", "nk": "jaxspec_cpu_matmul_nk", "attention": "jaxspec_cpu_attention",

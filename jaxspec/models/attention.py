@@ -30,7 +30,6 @@ import numpy as np
 
 from jaxspec.kernels import cpu_attention, cpu_matmul
 
-_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 def _xla(q, k, v, visible, extra, scale):
@@ -95,7 +94,7 @@ def kernel_applies(q: jax.Array, k: jax.Array, v: jax.Array, extra) -> bool:
     arrays = (q, k, v) + (tuple(extra[:2]) if extra is not None else ())
     return (q.shape[1] >= 1 and q.shape[-1] <= 512 and k.dtype == v.dtype
             and (extra is None or extra[0].dtype == extra[1].dtype)
-            and all(jnp.dtype(a.dtype) in _DTYPES for a in arrays) and cpu_matmul.active("attention"))
+            and all(jnp.dtype(a.dtype) in cpu_matmul.DTYPES for a in arrays) and cpu_matmul.active("attention"))
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, scale: float = 0.0,

@@ -5,7 +5,7 @@ when it applies, elsewhere (TPU, GPU) XLA's dot unchanged.
 Why: on XLA:CPU a 1-row product goes to a GEMV and a 2+-row one to a different GEMM fusion that
 reads weights about half as fast and rounds differently, so a T-token verify pass cost about
 twice a 1-token pass and its logits were not bitwise those of 1-token passes. The kernel reads
-the weights once for any T <= 16 and sums every output in the same order whatever T.
+the weights once for any T <= ``MAX_ROWS`` and sums every output in the same order whatever T.
 
 The kernel path is taken when the kernel is active (``cpu_matmul.active``: switch
 ``JAXSPEC_CPU_KERNEL`` unset or ``1``, not ``0``; library built and self-checked; not inside
@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from jaxspec.kernels import cpu_matmul
 
 MAX_ROWS = cpu_matmul.MAX_ROWS
-_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 def _xla(x, w, transposed, out_dtype):
@@ -76,8 +75,8 @@ def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
     """Whether ``linear(x, w)`` may take the CPU kernel (on a CPU device): enabled, 2-D w,
     float32/bfloat16 operands, 1..``MAX_ROWS`` flattened rows."""
     rows = math.prod(x.shape[:-1])
-    return (w.ndim == 2 and x.ndim >= 1 and 1 <= rows <= MAX_ROWS and jnp.dtype(x.dtype) in _DTYPES
-            and jnp.dtype(w.dtype) in _DTYPES and cpu_matmul.active())
+    return (w.ndim == 2 and x.ndim >= 1 and 1 <= rows <= MAX_ROWS and jnp.dtype(x.dtype) in cpu_matmul.DTYPES
+            and jnp.dtype(w.dtype) in cpu_matmul.DTYPES and cpu_matmul.active())
 
 
 def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=None) -> jax.Array:

@@ -61,7 +61,6 @@ def _xla(x: jax.Array, positions: jax.Array, freqs) -> jax.Array:
     return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
-_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 
 
 @jax.custom_vjp
@@ -100,6 +99,6 @@ def apply(x: jax.Array, positions: jax.Array, freqs: np.ndarray) -> jax.Array:
       1792 tokens of 9 heads of 64); elsewhere XLA.
     """
     if (x.ndim == 4 and x.shape[1] >= 1 and x.shape[-1] % 2 == 0 and x.shape[-1] <= 512
-            and jnp.dtype(x.dtype) in _DTYPES and cpu_matmul.active("attention")):
+            and jnp.dtype(x.dtype) in cpu_matmul.DTYPES and cpu_matmul.active("attention")):
         return _kernel(x, positions, jnp.asarray(freqs, jnp.float32))
     return _xla(x, positions, freqs)
