@@ -37,6 +37,7 @@ from jaxspec import acceptance, engine, policy, request, result, synthetic
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, default_dtype
 from jaxspec.kernels import cpu_matmul
+from jaxspec.models.target import as_target, check_drafter, check_mask
 from jaxspec.result import GenerationResult, Output
 from jaxspec.tokenizer import Tokenizer
 
@@ -45,10 +46,12 @@ DTYPES = ("float32", "bfloat16")  # the parameter dtypes ``load`` accepts (the o
 
 @dataclasses.dataclass
 class Model:
-    """A loaded model: params pytree, its config and (when known) its tokenizer."""
+    """A model: params pytree, its config and (when known) its tokenizer. ``config`` is a
+    ``ModelConfig`` (jaxspec's decoder: what ``load`` returns) or a target model of your own
+    (``jaxspec.models.TargetModel``, e.g. ``MaskedTarget``, ``jaxspec.models.nnx.NnxTarget``)."""
 
     params: dict
-    config: ModelConfig
+    config: Any  # ModelConfig or TargetModel
     tokenizer: Any = None
 
 
@@ -123,7 +126,7 @@ class Program:
     key (``_COMPILED``). Built once per call by ``_setup``.
 
     Attributes:
-      config: the target's ``ModelConfig``.
+      config: the target's ``ModelConfig``, or its ``TargetModel`` (a model of the user's own).
       drafter: the drafter (frozen, hashable), or None for plain decoding.
       cache_len: S, slots of the target's cache and of the token buffer.
       logprobs: ``engine.LogprobsSpec``, or None when no logprobs were asked for.
@@ -133,7 +136,7 @@ class Program:
       kernels: ``cpu_matmul.active_parts()`` at setup: the CPU kernels the program traces with.
     """
 
-    config: ModelConfig
+    config: Any  # ModelConfig or TargetModel
     drafter: Any
     cache_len: int
     logprobs: engine.LogprobsSpec | None
@@ -162,7 +165,7 @@ class Call:
     """
 
     params: Any
-    config: ModelConfig
+    config: Any  # ModelConfig or TargetModel
     tokenizer: Any
     drafter: Any
     drafter_params: Any
@@ -261,8 +264,9 @@ def _check_settings(sampling, settings: dict) -> SamplingConfig:
     return dataclasses.replace(sampling or SamplingConfig(), **settings)
 
 
-def _check_model(model, config, tokenizer) -> tuple[Any, ModelConfig, Any]:
-    """``(params, config, tokenizer)`` of a ``Model`` or of a bare params pytree and ``config``."""
+def _check_model(model, config, tokenizer) -> tuple[Any, Any, Any]:
+    """``(params, config, tokenizer)`` of a ``Model`` or of a bare params pytree and ``config``
+    (a ``ModelConfig`` or a ``TargetModel``: ``jaxspec.models.target.as_target``)."""
     if isinstance(model, (str, os.PathLike)):
         raise ValueError(f"model must be a jaxspec.Model (or a params pytree), got the name/path {model!r}: load "
                          f"it first, model = jaxspec.load({str(model)!r}), and pass the model")
@@ -273,9 +277,10 @@ def _check_model(model, config, tokenizer) -> tuple[Any, ModelConfig, Any]:
         params, config, tokenizer = model.params, model.config, tokenizer or model.tokenizer
     else:
         params = model
-        if not isinstance(config, ModelConfig):
-            raise ValueError(f"config is required when model is a params pytree: a jaxspec.ModelConfig, got "
-                             f"{config!r:.80}")
+        if config is None:
+            raise ValueError("config is required when model is a params pytree: a jaxspec.ModelConfig, or a target "
+                             "model of your own (jaxspec.models.TargetModel)")
+    as_target(config)  # a ModelConfig or the protocol's members, else ValueError naming what is missing
     if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
         raise ValueError(f"tokenizer must be a jaxspec Tokenizer (a Model's .tokenizer) or None, got a "
                          f"{type(tokenizer).__name__}: {tokenizer!r:.80}")
@@ -298,7 +303,7 @@ def _draft_params(model, drafter, drafter_params):
     return drafter_params.params
 
 
-def _check_max_len(max_len, config: ModelConfig, allow_long_context: bool) -> None:
+def _check_max_len(max_len, config, allow_long_context: bool) -> None:
     if max_len is not None and (not isinstance(max_len, (int, np.integer)) or isinstance(max_len, bool)
                                 or not 1 <= max_len <= INT32_MAX):
         raise ValueError(f"max_len must be None or an integer in [1, 2**31 - 1], got {max_len!r:.80}")
@@ -307,11 +312,12 @@ def _check_max_len(max_len, config: ModelConfig, allow_long_context: bool) -> No
                          "the model never saw positions past it; pass allow_long_context=True to run them anyway")
 
 
-def _fit(drafter, drafter_params, config: ModelConfig, max_len: int | None, least: int) -> None:
+def _fit(drafter, drafter_params, config, max_len: int | None, least: int) -> None:
     """Raise ``ValueError`` unless the drafter serves the target and its window fits ``max_len``."""
     if drafter is None:
         return
     drafter.validate(config, drafter_params)
+    check_drafter(as_target(config), drafter)  # layer outputs it reads that the target cannot give
     limit = config.max_position if max_len is None else max_len
     if engine.window(drafter, least) + 1 > limit:
         raise ValueError(f"the drafter's node budget ({drafter.n_nodes} nodes + the root) does not fit max_len "
@@ -329,6 +335,7 @@ def _check(model, sampling, settings: dict, config, tokenizer, drafter, drafter_
         check_bool(name, flag)  # (allow_synthetic_acceptance: synthetic.check wants it to be True itself)
     _check_drafter(drafter)
     params, config, tokenizer = _check_model(model, config, tokenizer)
+    check_mask(as_target(config), params)  # a target of the user's own: a probe forward (once per target)
     drafter_params = _draft_params(model, drafter, drafter_params)
     _check_max_len(max_len, config, allow_long_context)
     least = engine.min_pass_tokens()  # the fewest tokens a target pass runs on this backend
@@ -354,6 +361,9 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
     if mesh is not None:
         from jaxspec import sharding
 
+        if not isinstance(call.config, ModelConfig):
+            raise ValueError(f"mesh= splits jaxspec's decoder over devices; the target {call.config.name!r} is a "
+                             "model of its own (jaxspec.models.TargetModel): run it without a mesh")
         plan = sharding.plan(mesh, call.config, drafter, shard_drafter)
     elif drafter is not None:
         drafter_params = drafter.select_params(call.params, drafter_params)
@@ -384,7 +394,7 @@ def generate(
     prompt,
     *,
     sampling: SamplingConfig | None = None,
-    config: ModelConfig | None = None,
+    config=None,
     tokenizer=None,
     drafter=None,
     drafter_params=None,
@@ -423,7 +433,10 @@ def generate(
         ``n``) run as a batch of ``batch_bucket`` rows (the next power of two), padded with
         one-token rows that are dropped.
       sampling: a ``SamplingConfig``; default greedy, 128 new tokens, stop at EOS.
-      config, tokenizer: needed only when ``model`` is a bare params pytree.
+      config, tokenizer: needed only when ``model`` is a bare params pytree. ``config`` is a
+        ``ModelConfig`` (jaxspec's decoder) or a target model of your own
+        (``jaxspec.models.TargetModel``: docs/own_model.md); such a target runs without a
+        mesh, with drafters that need only tokens (n-gram, lookahead, a draft model).
       drafter: ``None`` for plain decoding, or a drafter from ``jaxspec.drafters``.
       drafter_params: the draft model's params, or its ``Model`` (then, with a ``Model``
         target, ``jaxspec.check_pair`` also compares the two tokenizers token by token).
@@ -476,8 +489,11 @@ def generate(
         [1, 2**31 - 1] or is beyond the model's context without ``allow_long_context``, a
         cache over 2**31 - 1 slots, stop strings without a tokenizer, a ``drafter`` that is a
         class or not a drafter (lacks the ``jaxspec.drafters.Drafter`` protocol's members), a
-        drafter that does not fit the target (e.g. vocabulary mismatch), a mesh whose
-        ``model`` axis does not divide the heads, MLP width or vocabulary;
+        drafter that does not fit the target (e.g. vocabulary mismatch, or layer outputs or
+        jaxspec's decoder layout that a target model of your own does not provide), a
+        ``config`` that is neither a ``ModelConfig`` nor a ``TargetModel``, a mesh with a
+        target model of your own, a mesh whose ``model`` axis does not divide the heads, MLP
+        width or vocabulary;
         ``synthetic_acceptance`` without ``allow_synthetic_acceptance=True``, without a
         drafter or with a number of rates other than the drafter's gamma; a
         ``disable_by_batch_size`` other than "auto", None or an int >= 1; a

@@ -87,6 +87,13 @@ class KVCache:
         return KVCache(k=tuple(keep(x) for x in self.k), v=tuple(keep(x) for x in self.v))
 
 
+def write_tree(cache, new, start: jax.Array):
+    """``write`` of every leaf of ``new`` (``[B, T, ...]``) into the same leaf of ``cache``
+    (``[B, S, ...]``) at slots ``start [B] ..``: a ``KVCache`` or any target's cache pytree
+    (``jaxspec.models.target``)."""
+    return jax.tree.map(lambda c, n: write(c, n, start), cache, new)
+
+
 def write(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
     """Write ``new[b]`` into ``buffer[b]`` at slot ``start[b]``, for every row ``b``.
 

@@ -9,7 +9,7 @@ chain of gamma drafts is the special case), the target scores the window
 ``committed length + depth`` (``_verify``; the forward reads the cache and keeps the window's
 keys and values apart), ``jaxspec.acceptance.accept`` keeps the accepted path plus one
 replacement/bonus token, only that path's keys and values are written, in contiguous slots
-after the committed text (``KVCache.write``), and each row advances by its own count, cut at the first stop id or
+after the committed text (``cache.write_tree``), and each row advances by its own count, cut at the first stop id or
 completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens`` along the path.
 Rows never wait for each other; finished rows idle until every row is done.
 ``drafter=None`` is plain autoregressive decoding through the same loop (an empty tree).
@@ -30,6 +30,9 @@ Sampling settings travel as per-row arrays (``SamplingParams``); the loop carrie
 after window entry w is processed exactly as plain decoding would process it after the path
 to w (``jaxspec.sampling.window_counts``).
 
+The target is read only through the ``TargetModel`` protocol (``jaxspec.models.target``):
+jaxspec's own decoder (``Decoder``) or a model of the user's own.
+
 Shape letters: the package legend (``jaxspec``).
 """
 
@@ -44,8 +47,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec import acceptance, cache as cache_lib, models, policy, stopping, synthetic
-from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
+from jaxspec.models.target import TargetModel, as_target
 from jaxspec.drafters.base import Committed, Context, Prefill
 from jaxspec.sampling import History, SamplingParams, fold_rows, processed_probs, sample, token_logprobs
 from jaxspec.stopping import StopTables
@@ -75,7 +78,7 @@ class LoopState:
     tokens: jax.Array  # int32 [B, S]: prompt, then generated tokens
     seq_lens: jax.Array  # int32 [B]: tokens so far; the last is not yet in the target cache
     done: jax.Array  # bool [B]
-    cache: KVCache  # target cache, valid for slots < seq_lens - 1
+    cache: Any  # target cache (TargetModel.init_cache; a KVCache for jaxspec's decoder), valid for slots < seq_lens - 1
     drafter_state: Any
     history: History  # generated-token counts for penalties and min_new_tokens
     tail: jax.Array  # int32 [B, L]: last bytes of generated text, for stop strings
@@ -138,18 +141,18 @@ def _capture(drafter) -> tuple[int, ...]:
     return () if drafter is None else drafter.capabilities.capture
 
 
-def _prefill(target, config: ModelConfig, drafter, drafter_params, inputs: Inputs, max_len: int, gamma: int,
+def _prefill(target, model: TargetModel, drafter, drafter_params, inputs: Inputs, max_len: int, gamma: int,
              logprobs: LogprobsSpec | None):
     b, p = inputs.prompt.shape
     sp = inputs.sampling
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    cache = KVCache.zeros(config, b, max_len, target["embed"].dtype)
-    out = models.forward(target, config, inputs.prompt, positions, cache, capture=_capture(drafter), head=False,
-                         visible_slots=p)
+    cache = model.init_cache(target, b, max_len)
+    out = model.forward(target, inputs.prompt, positions, cache, capture=_capture(drafter), head=False,
+                        visible_slots=p)
     cache = out.cache
     last_hidden = jnp.take_along_axis(out.hidden, (inputs.prompt_lens - 1)[:, None, None], axis=1)[:, 0]
-    logits = models.logits_from_hidden(target, config, last_hidden)[:, None]  # [B, 1, V]
-    history = History.from_prompt(inputs.prompt, inputs.prompt_lens, config.vocab_size)
+    logits = model.logits(target, last_hidden)[:, None]  # [B, 1, V]
+    history = History.from_prompt(inputs.prompt, inputs.prompt_lens, model.vocab_size)
     probs = processed_probs(logits, sp, history)
     first = sample(fold_rows(fold_rows(inputs.keys, 0), 1), probs[:, 0])
 
@@ -196,15 +199,16 @@ class _Verified:
     """One verify step's results, along the accepted path (W window entries)."""
 
     accepted: acceptance.Accepted
-    # [B, W, K, h] per layer: the target's keys and values along the path, for slots start ..;
-    # None when the forward wrote them itself (plain decoding: ``cache``)
-    kv: KVCache | None
+    # the target's keys and values along the path, for slots start .. (the cache's pytree with
+    # [B, W, ...] leaves: [B, W, K, h] per layer for jaxspec's decoder); None when the forward
+    # wrote them itself (plain decoding: ``cache``)
+    kv: Any
     hidden: jax.Array  # [B, W, D]: the target's final hidden states along the path
     captured: tuple  # [B, W, D] per captured layer, along the path
     logprobs: tuple | None  # token_logprobs of the emitted tokens, or None
     n_drafted: jax.Array  # int32 [B]: valid nodes of the verified tree
     argmax: jax.Array  # int32 [B, W]: the target's argmax after every window entry (Committed.argmax)
-    cache: KVCache | None = None  # the target cache with the window written (plain decoding), else None
+    cache: Any = None  # the target cache with the window written (plain decoding), else None
 
 
 def _pad_window(x: jax.Array, width: int) -> jax.Array:
@@ -217,7 +221,7 @@ def _along(x: jax.Array, path: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x, path.reshape(path.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: Proposal, capture, logprobs,
+def _verify(target, model: TargetModel, inputs: Inputs, keys, s: LoopState, root, proposal: Proposal, capture, logprobs,
             width: int, min_pass_tokens: int, rule=acceptance.EXACT, write_first: bool = False) -> _Verified:
     """ONE target forward over the window ``[root, nodes]`` with the tree's ancestor mask, and
     acceptance by ``rule``; outputs padded to ``width`` (W) entries so a smaller tree fits
@@ -244,14 +248,13 @@ def _verify(target, config, inputs: Inputs, keys, s: LoopState, root, proposal: 
         # min_pass_tokens > 1: the root repeated at the next positions; their keys and values
         # land in slots past the committed text, which the next step overwrites before reading
         pad = jnp.arange(min_pass_tokens, dtype=jnp.int32)[None]
-        out = models.forward(target, config, jnp.repeat(tree.tokens, min_pass_tokens, axis=1), positions + pad,
-                             s.cache, write_at=start, capture=capture)
+        out = model.forward(target, jnp.repeat(tree.tokens, min_pass_tokens, axis=1), positions + pad, s.cache,
+                            write_at=start, capture=capture)
         out = dataclasses.replace(out, logits=out.logits[:, :1], hidden=out.hidden[:, :1],
                                   captured=tuple(c[:, :1] for c in out.captured))
     else:
         mask = models.TreeMask(start, tree.ancestors, positions)
-        out = models.forward(target, config, tree.tokens, positions, s.cache, mask=mask, capture=capture,
-                             write=False)
+        out = model.forward(target, tree.tokens, positions, s.cache, mask=mask, capture=capture, write=False)
     p = processed_probs(out.logits, inputs.sampling, s.history, tree)
     acc = rule.accept(fold_rows(keys, 1), p, proposal, tree, inputs)
     lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
@@ -301,14 +304,14 @@ def _draft(drafter, drafter_params, inputs: Inputs, rule, keys, root, s: LoopSta
     return drafter_state, rule.fill(proposal, root)
 
 
-def _verify_step(target, config, drafter, inputs: Inputs, rule, keys, root, s: LoopState, proposal: Proposal,
+def _verify_step(target, model: TargetModel, drafter, inputs: Inputs, rule, keys, root, s: LoopState, proposal: Proposal,
                  logprobs, min_pass_tokens: int) -> _Verified:
     """The target's verification of ``proposal`` (``_verify``), at the narrowest of a few
     static widths for an abstaining drafter under a rule that ``narrows``: no draft at all is
     a one-token step, one chain of a tree (the best n-gram match alone) a (gamma + 1)-token
     one, and the drafter's own; none under ``min_pass_tokens`` (an abstaining row's nodes
     there are invalid: rejected)."""
-    verify = functools.partial(_verify, target, config, inputs, keys, s, root, capture=_capture(drafter),
+    verify = functools.partial(_verify, target, model, inputs, keys, s, root, capture=_capture(drafter),
                                logprobs=logprobs, width=proposal.n_nodes + 1, min_pass_tokens=min_pass_tokens,
                                rule=rule)
     if drafter is None or not (drafter.capabilities.abstains and rule.narrows):
@@ -361,7 +364,7 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
         tokens=tokens,
         seq_lens=seq_lens,
         done=done,
-        cache=s.cache.write(v.kv, s.seq_lens - 1) if v.cache is None else v.cache,
+        cache=cache_lib.write_tree(s.cache, v.kv, s.seq_lens - 1) if v.cache is None else v.cache,
         drafter_state=drafter_state,
         history=s.history.add(new, slot < n_keep[:, None]),
         tail=jnp.where((n_keep > 0)[:, None], kept_tail, s.tail),
@@ -376,7 +379,7 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
     )
 
 
-def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, min_pass_tokens: int,
+def _spec_step(target, model: TargetModel, drafter, drafter_params, inputs: Inputs, gamma: int, logprobs, min_pass_tokens: int,
                rule, s: LoopState) -> LoopState:
     """One loop iteration: draft -> verify (and accept, by ``rule``) -> commit."""
     keys = fold_rows(inputs.keys, s.step + 1)
@@ -384,7 +387,7 @@ def _spec_step(target, config, drafter, drafter_params, inputs: Inputs, gamma: i
     with jax.named_scope("draft"):
         drafter_state, proposal = _draft(drafter, drafter_params, inputs, rule, keys, root, s)
     with jax.named_scope("verify"):
-        v = _verify_step(target, config, drafter, inputs, rule, keys, root, s, proposal, logprobs, min_pass_tokens)
+        v = _verify_step(target, model, drafter, inputs, rule, keys, root, s, proposal, logprobs, min_pass_tokens)
     with jax.named_scope("commit"):
         return _commit(drafter, drafter_params, drafter_state, inputs, gamma, rule, s, v, proposal.n_nodes + 1)
 
@@ -435,14 +438,15 @@ def window(drafter, min_pass_tokens: int = 1) -> int:
 
 
 def run_program(
-    target, drafter_params, inputs: Inputs, *, config: ModelConfig, drafter, max_len: int,
+    target, drafter_params, inputs: Inputs, *, config: ModelConfig | TargetModel, drafter, max_len: int,
     logprobs: LogprobsSpec | None = None, min_pass_tokens: int = 1, rule=acceptance.EXACT,
 ) -> LoopState:
     """The whole generation as one traceable function (jit it with the static keywords).
 
     Args:
       target: target params pytree; drafter_params: the drafter's (from ``select_params``).
-      inputs: ``Inputs``; config: target ``ModelConfig``; drafter: a ``Drafter`` or None;
+      inputs: ``Inputs``; config: the target's ``ModelConfig`` (jaxspec's decoder) or a
+        ``TargetModel`` (``jaxspec.models.target``: the engine reads the target only through it); drafter: a ``Drafter`` or None;
       max_len: S, slots of the target's cache and of the token buffer; the caller guarantees
         ``prompt_lens + max_new_tokens + window(drafter, min_pass_tokens) <= S``.
       logprobs: what log-probabilities to record (``LoopState.logprobs``), or None.
@@ -466,14 +470,15 @@ def run_program(
         raise ValueError(f"min_pass_tokens must be >= 1, got {min_pass_tokens}")
     if (inputs.synthetic_rates is not None) != isinstance(rule, synthetic.Synthetic):
         raise ValueError("inputs.synthetic_rates go with rule=SYNTHETIC, and only with it")
+    model = as_target(config)
     g = gamma(drafter)
-    state = _prefill(target, config, drafter, drafter_params, inputs, max_len, g, logprobs)
-    step = functools.partial(_spec_step, target, config, drafter, drafter_params, inputs, g, logprobs,
+    state = _prefill(target, model, drafter, drafter_params, inputs, max_len, g, logprobs)
+    step = functools.partial(_spec_step, target, model, drafter, drafter_params, inputs, g, logprobs,
                              min_pass_tokens, rule)
     if not _gated(drafter, inputs, rule):
         return jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, state)
     # The acceptance gate: speculate while some active row still does (rows it turned off
     # propose nothing), then plain steps, without the drafter, for the rows still going.
     state = jax.lax.while_loop(lambda s: jnp.any(s.speculating & ~s.done), step, state)
-    plain = functools.partial(_spec_step, target, config, None, None, inputs, g, logprobs, min_pass_tokens, rule)
+    plain = functools.partial(_spec_step, target, model, None, None, inputs, g, logprobs, min_pass_tokens, rule)
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done), plain, state)

@@ -201,15 +201,17 @@ def inputs_factory():
 
 @pytest.fixture
 def forward_widths(monkeypatch) -> list[int]:
-    """The token count T of every ``models.forward`` call traced during the test (jax traces
-    a program once: calls served by an already compiled program add nothing), in order."""
+    """The token count T of every decoder forward traced during the test, the target's (through
+    ``models.Decoder``) and draft models' (jax traces a program once: calls served by an
+    already compiled program add nothing), in order."""
     widths, forward = [], models.forward
 
     def spy(params, config, tokens, *args, **kw):
         widths.append(tokens.shape[1])
         return forward(params, config, tokens, *args, **kw)
 
-    monkeypatch.setattr(models, "forward", spy)
+    monkeypatch.setattr(models, "forward", spy)  # what drafters call
+    monkeypatch.setattr(models.decoder, "forward", spy)  # what models.Decoder, the engine's target, calls
     return widths
 
 

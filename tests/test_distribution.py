@@ -273,11 +273,12 @@ def _prefix_logits(which: str, seed: int) -> np.ndarray:
     return np.asarray(_full_logits(params, config, jnp.asarray(tokens)), np.float64)
 
 
-def _exact_probs(settings: dict) -> np.ndarray:
+def _exact_probs(settings: dict, logits: np.ndarray | None = None) -> np.ndarray:
     """float64 ``[V ** N_NEW]``: P(x1 x2 x3 | PROMPT) = p(x1) p(x2 | x1) p(x3 | x1 x2), index
     x1 * V^2 + x2 * V + x3, each factor ``reference_probs`` of the target's logits with the
-    tokens generated before it."""
-    logits = _prefix_logits("target", TARGET_SEED)
+    tokens generated before it. ``logits``: ``_prefix_logits``' layout, of another target
+    (tests/test_own_model.py); default TARGET's."""
+    logits = _prefix_logits("target", TARGET_SEED) if logits is None else logits
     last = len(PROMPT) - 1
     p = np.zeros((V, V, V))
     p1 = reference_probs(logits[0, last], PROMPT, [], settings)

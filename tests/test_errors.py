@@ -269,7 +269,8 @@ def test_arguments_that_would_be_ignored(params):
     model = jaxspec.Model(params, CFG)
     with pytest.raises(ValueError, match="config is for a bare params pytree: a Model carries its own config"):
         jaxspec.generate(model, [3], config=dataclasses.replace(CFG, n_layers=CFG.n_layers + 1), max_new_tokens=8)
-    with pytest.raises(ValueError, match=r"config is required .*: a jaxspec.ModelConfig, got 'garbage'"):
+    with pytest.raises(ValueError, match=r"config must be a jaxspec.ModelConfig or a target model .* got a str: "
+                                         r"'garbage' \(it lacks name, vocab_size"):
         jaxspec.generate(params, [3], config="garbage", max_new_tokens=8)
     with pytest.raises(ValueError, match="tokenizer must be a jaxspec Tokenizer .* got a str: 'abc'"):
         jaxspec.generate(model, "x", tokenizer="abc", max_new_tokens=8)

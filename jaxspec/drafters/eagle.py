@@ -37,6 +37,7 @@ from jaxspec.drafters.base import Unsplit, chain_capabilities, check_confidence,
 from jaxspec.drafters.model import draw_chain
 from jaxspec.models import eagle3
 from jaxspec.models.eagle3 import EagleConfig
+from jaxspec.models.target import require_decoder
 
 
 @jax.tree_util.register_dataclass
@@ -110,6 +111,7 @@ class EagleDrafter(Unsplit):
     def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
         from jaxspec.checkpoints.heads import check_head_target
 
+        require_decoder(target_config, "EagleDrafter", "the target's layer outputs and embedding table")
         check_head_target(self.config.target, target_config, "the EagleDrafter's config")
         if not isinstance(drafter_params, dict) or set(drafter_params) != {"head", "d2t"}:
             raise ValueError("EagleDrafter needs drafter_params = {'head': ..., 'd2t': ...}, as "

@@ -32,6 +32,7 @@ from jaxspec import models
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import Capabilities, Unsplit, check_int
 from jaxspec.models.linear import linear
+from jaxspec.models.target import require_decoder
 from jaxspec.tree import Proposal
 
 
@@ -124,6 +125,7 @@ class MedusaDrafter(Unsplit):
         return {"heads": drafter_params["heads"], "out": out}
 
     def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
+        require_decoder(target_config, "MedusaDrafter", "the target's final hidden state and output head")
         if target_config != self.config:
             raise ValueError(f"MedusaDrafter was built for {self.config.name}, not the target {target_config.name}")
         heads = (drafter_params or {}).get("heads") if isinstance(drafter_params, dict) else None

@@ -44,6 +44,7 @@ from jaxspec.drafters.base import (
     check_int,
 )
 from jaxspec.drafters.dynamic_tree import check_tree
+from jaxspec.models.target import require_decoder
 from jaxspec.sampling import fold_rows, processed_probs, sample
 from jaxspec.tree import Proposal
 
@@ -313,6 +314,7 @@ class EarlyExitDrafter(_DraftModel):
     shares_target_weights = True
 
     def __post_init__(self):
+        require_decoder(self.target_config, "EarlyExitDrafter", "the target's first layers and output head")
         if not isinstance(self.n_layers, int) or not 1 <= self.n_layers < self.target_config.n_layers:
             raise ValueError(
                 f"n_layers for early exit must be in [1, {self.target_config.n_layers - 1}] "
@@ -336,5 +338,6 @@ class EarlyExitDrafter(_DraftModel):
         return {**target_params, "layers": list(target_params["layers"][: self.n_layers])}
 
     def validate(self, target_config: ModelConfig, drafter_params: Any) -> None:
+        require_decoder(target_config, "EarlyExitDrafter", "the target's first layers and output head")
         if target_config.truncated(self.n_layers) != self.config:
             raise ValueError(f"EarlyExitDrafter was built for {self.config.name}, not the target {target_config.name}")

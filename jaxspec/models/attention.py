@@ -104,7 +104,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, visible: jax.Array, *, s
 
     Args:
       q: ``[B, T, H, h]``; k, v: ``[B, S, K, h]`` (cache, new tokens already written).
-      visible: bool ``[B, T, S]`` (``decoder._visible``): causal by position for contiguous
+      visible: bool ``[B, T, S]`` (``decoder.slots_visible``): causal by position for contiguous
         tokens, the ancestors for a tree; stale slots are never visible.
       scale: score scale; 0 means ``h ** -0.5``.
       extra: ``(k [B, T', K, h], v [B, T', K, h], visible bool [B, T, T'])`` or None: the new

@@ -85,7 +85,7 @@ class TreeMask:
     positions: jax.Array
 
 
-def _visible(positions: jax.Array, n_slots: int, mask: TreeMask | None, window: int) -> jax.Array:
+def slots_visible(positions: jax.Array, n_slots: int, mask: TreeMask | None, window: int) -> jax.Array:
     """bool ``[B, T, S]``: which cache slots each query may attend to."""
     slots = jnp.arange(n_slots)[None, None, :]
     if mask is None:  # contiguous: slot s holds position s, causal by position
@@ -183,7 +183,7 @@ def visibility(positions, n_slots: int, mask, config: ModelConfig, write: bool =
     ``([B, T, S], [B, T, T])``: the committed slots below ``mask.start``, and the new tokens."""
     kinds = {config.is_sliding(i) for i in range(config.n_layers)}
     if write:
-        return {s: _visible(positions, n_slots, mask, config.sliding_window if s else 0) for s in kinds}
+        return {s: slots_visible(positions, n_slots, mask, config.sliding_window if s else 0) for s in kinds}
     out = {}
     for s in kinds:
         window = config.sliding_window if s else 0
