@@ -90,6 +90,24 @@ def test_greedy_speculation_is_plain_decoding(own, plain, kind):
     assert out.metrics.drafted.sum() > 0 and (kind.startswith("model") or out.metrics.accepted.sum() > 0)
 
 
+def test_a_batch_wide_write_index_runs_row_by_row(own, plain):
+    """A module that writes every row at ``write_at[0]`` (one cache index for the batch, like
+    the gemma library's ``end_index``): with ``row_offsets=False`` the adapter runs it row by
+    row and speculation gives the per-row module's plain tokens and logprobs; taken as
+    per-row (the default), its rows of different lengths overwrite each other's cache and the
+    tokens differ, so the flag is what makes it right."""
+    _, _, params = own
+    shared = TinyNnxDecoder(vocab=V, scale=2.0, shared_offset=True)
+    for row_offsets in (False, True):
+        target, _ = NnxTarget.split(shared, name="shared", vocab_size=V, max_position=256, row_offsets=row_offsets)
+        out = jaxspec.generate(params, PROMPTS, config=target, drafter=jaxspec.NGramDrafter(gamma=3, branches=3),
+                               max_new_tokens=NEW, logprobs=2, disable_by_acceptance=None)
+        if row_offsets:
+            assert out.tokens != plain.tokens
+        else:
+            assert out.tokens == plain.tokens and out.logprobs == plain.logprobs
+
+
 # ---------------------------------------------------------------------------- sampling: exact distribution
 
 DIST_V = 8

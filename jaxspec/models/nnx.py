@@ -36,6 +36,8 @@ class NnxTarget(_MaskedForward):
     Attributes:
       graphdef: the module's ``nnx.GraphDef`` (``nnx.split``).
       name, vocab_size, max_position, bos_id, eos_ids: as in ``jaxspec.models.TargetModel``.
+      row_offsets: as in ``MaskedTarget`` (False: a module that writes every row at
+        ``write_at[0]`` runs row by row).
     """
 
     graphdef: Any
@@ -44,6 +46,7 @@ class NnxTarget(_MaskedForward):
     max_position: int
     bos_id: int = -1
     eos_ids: tuple[int, ...] = ()
+    row_offsets: bool = True
 
     @classmethod
     def split(cls, module: nnx.Module, **facts) -> tuple[NnxTarget, nnx.State]:

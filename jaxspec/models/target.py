@@ -136,7 +136,8 @@ class _MaskedForward:
             start = mask.start  # the window goes to the slots after the committed text, then is read back
         # visible_slots only bounds what a query sees (an optimization): the full mask is the same
         seen = decoder.slots_visible(positions, n_slots, mask, 0)
-        hidden, new_cache = self.apply(params, tokens, positions, cache, start, seen)
+        apply = self.apply if self.row_offsets else self._row_by_row
+        hidden, new_cache = apply(params, tokens, positions, cache, start, seen)
         logits = self.logits(params, hidden) if head else None
         if not write:
             new_cache = jax.tree.map(lambda x: jax.vmap(lambda r, s: jax.lax.dynamic_slice_in_dim(r, s, t))(x, start),
@@ -145,6 +146,15 @@ class _MaskedForward:
 
     def logits(self, params, hidden):
         return self.head(params, hidden).astype(jnp.float32)
+
+    def _row_by_row(self, params, tokens, positions, cache, write_at, mask):
+        """``apply`` over each row as a batch of one (``jax.vmap``), for a model that writes
+        every row of a batch at one offset (``row_offsets=False``)."""
+        def one(*row):
+            out = self.apply(params, *jax.tree.map(lambda x: x[None], row))
+            return jax.tree.map(lambda x: x[0], out)
+
+        return jax.vmap(one)(tokens, positions, cache, write_at, mask)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +175,11 @@ class MaskedTarget(_MaskedForward):
       make_cache: ``(params, batch, max_len) -> cache``, a pytree whose leaves are all
         ``[batch, max_len, ...]``.
       name, vocab_size, max_position, bos_id, eos_ids: as in ``TargetModel``.
+      row_offsets: True (default) when ``apply`` writes each row at its own ``write_at[b]``;
+        False for a model whose cache has one write index for the whole batch (the gemma
+        library's ``end_index``, a Hugging Face ``cache_position``): the adapter then runs
+        each row as a batch of one under ``jax.vmap`` (rows of a batch advance by different
+        numbers of accepted tokens, so their offsets differ).
 
     To keep greedy speculation bitwise equal to plain decoding on CPU, build the model's
     products and attention from ``jaxspec.models.linear.linear`` and
@@ -180,6 +195,7 @@ class MaskedTarget(_MaskedForward):
     max_position: int
     bos_id: int = -1
     eos_ids: tuple[int, ...] = ()
+    row_offsets: bool = True
 
 
 def as_target(config) -> TargetModel:

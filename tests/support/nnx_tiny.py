@@ -32,8 +32,10 @@ class Block(nnx.Module):
         self.w_in = nnx.Param(init(rngs.params(), (dim, 2 * dim)))
         self.w_out = nnx.Param(init(rngs.params(), (2 * dim, dim)))
 
-    def __call__(self, x, layer_cache, write_at, mask):
+    def __call__(self, x, layer_cache, write_at, mask, shared_offset=False):
         b, t, d = x.shape
+        if shared_offset:  # one write index for the whole batch, as the gemma library's cache has
+            write_at = jnp.broadcast_to(write_at[0], write_at.shape)
         q, k, v = jnp.split(linear(_rms(x), self.wqkv[...]), 3, axis=-1)
         q, k, v = (y.reshape(b, t, self.heads, d // self.heads) for y in (q, k, v))
         k_cache, v_cache = (write(c, y, write_at) for c, y in zip(layer_cache, (k, v)))
@@ -47,8 +49,9 @@ class TinyNnxDecoder(nnx.Module):
     ``init_cache``: the methods ``jaxspec.models.nnx.NnxTarget`` calls."""
 
     def __init__(self, vocab: int, dim: int = 32, heads: int = 2, n_layers: int = 2, max_position: int = 256,
-                 seed: int = 0, scale: float = 1.0):
+                 seed: int = 0, scale: float = 1.0, shared_offset: bool = False):
         rngs = nnx.Rngs(seed)
+        self.shared_offset = shared_offset  # write every row at write_at[0] (a batch-wide cache index)
         self.heads, self.dim = heads, dim
         self.embed = nnx.Param(jax.random.normal(rngs.params(), (vocab, dim)))
         self.pos = nnx.Param(0.5 * jax.random.normal(rngs.params(), (max_position, dim)))
@@ -58,7 +61,7 @@ class TinyNnxDecoder(nnx.Module):
         x = jnp.take(self.embed[...], tokens, axis=0) + jnp.take(self.pos[...], positions, axis=0)
         new = []
         for block, layer_cache in zip(self.blocks, cache):
-            x, layer_cache = block(x, layer_cache, write_at, mask)
+            x, layer_cache = block(x, layer_cache, write_at, mask, self.shared_offset)
             new.append(layer_cache)
         return _rms(x), tuple(new)
 
