@@ -176,6 +176,10 @@ def test_drafters_that_read_the_decoder_are_refused(own, no_compile):
     head = jaxspec.EagleDrafter(eagle3.EagleConfig(tiny, draft_vocab=V), gamma=2)
     with pytest.raises(ValueError, match="EagleDrafter reads the target's layer outputs"):
         jaxspec.generate(params, PROMPTS[0], config=target, drafter=head, drafter_params={}, max_new_tokens=4)
+    with pytest.raises(ValueError, match="an EAGLE-3 head reads the target's layer outputs"):
+        eagle3.EagleConfig(target, draft_vocab=V)
+    with pytest.raises(ValueError, match="a trained eagle3 head reads the target's hidden states"):
+        jaxspec.load_eagle_head("/nonexistent", params, config=target)
     medusa = jaxspec.MedusaDrafter(tiny, topk=(1, 1))
     with pytest.raises(ValueError, match="MedusaDrafter reads the target's final hidden state"):
         jaxspec.generate(params, PROMPTS[0], config=target, drafter=medusa, drafter_params={}, max_new_tokens=4)

@@ -32,6 +32,7 @@ from jaxspec.checkpoints.orbax_io import write_dir
 from jaxspec.config import ModelConfig
 from jaxspec.models import eagle3
 from jaxspec.models.eagle3 import EagleConfig
+from jaxspec.models.target import require_decoder
 
 MANIFEST = "head.json"
 FORMAT = "jaxspec-head"
@@ -213,6 +214,7 @@ def _checked(path: str, kind: str, target, config: ModelConfig | None):
     config = getattr(target, "config", config)
     if config is None:
         raise ValueError("config is required when target is a params pytree")
+    require_decoder(config, f"a trained {kind} head", "the target's hidden states and embedding table")
     manifest = read_head_manifest(path, kind)
     check_head_target(manifest["target"], config, f"{path!r}")
     if fingerprint(params) != manifest["target_fingerprint"]:

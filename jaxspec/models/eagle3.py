@@ -39,6 +39,7 @@ from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.models import decoder
 from jaxspec.models.linear import linear
+from jaxspec.models.target import require_decoder
 
 
 def default_capture(n_layers: int) -> tuple[int, int, int]:
@@ -68,6 +69,7 @@ class EagleConfig:
     ffn_dim: int = 0
 
     def __post_init__(self):
+        require_decoder(self.target, "an EAGLE-3 head", "the target's layer outputs and embedding table")
         v = self.target.vocab_size
         if not isinstance(self.draft_vocab, int) or not 2 <= self.draft_vocab <= v:
             raise ValueError(f"draft_vocab must be an integer in [2, {v}] (the target's vocabulary), "
