@@ -81,8 +81,7 @@ class KVCache:
         width = path.shape[1] if span is None else span
 
         def keep(buf):
-            window = jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, width, axis=0))(buf, start)
-            return write(buf, jnp.take_along_axis(window, path[:, :, None, None], axis=1), start)
+            return write(buf, jnp.take_along_axis(read(buf, start, width), path[:, :, None, None], axis=1), start)
 
         return KVCache(k=tuple(keep(x) for x in self.k), v=tuple(keep(x) for x in self.v))
 
@@ -92,6 +91,12 @@ def write_tree(cache, new, start: jax.Array):
     (``[B, S, ...]``) at slots ``start [B] ..``: a ``KVCache`` or any target's cache pytree
     (``jaxspec.models.target``)."""
     return jax.tree.map(lambda c, n: write(c, n, start), cache, new)
+
+
+def read(buffer: jax.Array, start: jax.Array, width: int) -> jax.Array:
+    """``[B, width, ...]``: slots ``start[b] .. start[b] + width - 1`` of ``buffer [B, S, ...]``,
+    for every row ``b`` (the caller guarantees ``start + width <= S``)."""
+    return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, width, axis=0))(buffer, start)
 
 
 def write(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:

@@ -43,23 +43,18 @@ class GemmaTarget(_MaskedForward):
     Attributes:
       model: the module, e.g. ``gm.nn.Gemma3_270M(dtype=jnp.float32)``; params are its
         ``"params"`` collection (``params_from_jaxspec``, or the library's own checkpoint).
-      name, vocab_size, max_position, bos_id, eos_ids: as in ``jaxspec.models.TargetModel``
+      name, vocab_size, max_position, bos_id, eos_ids (keywords): as in ``jaxspec.models.TargetModel``
         (``of`` takes them from a jaxspec ``ModelConfig`` of the same model).
     """
 
     model: Any
-    name: str
-    vocab_size: int
-    max_position: int
-    bos_id: int = -1
-    eos_ids: tuple[int, ...] = ()
-    row_offsets: bool = False  # the library's cache has one write index per batch
+    row_offsets: bool = dataclasses.field(default=False, kw_only=True)  # one cache write index per batch
 
     @classmethod
     def of(cls, model, config: ModelConfig) -> GemmaTarget:
         """The target for ``model`` with ``config``'s facts (name, vocabulary, context, ids)."""
-        return cls(model, f"{config.name} (gemma library)", config.vocab_size, config.max_position, config.bos_id,
-                   tuple(config.eos_ids))
+        return cls(model, name=f"{config.name} (gemma library)", vocab_size=config.vocab_size,
+                   max_position=config.max_position, bos_id=config.bos_id, eos_ids=tuple(config.eos_ids))
 
     def apply(self, params, tokens, positions, cache, write_at, mask):
         full = {name: {**layer, "end_index": write_at} for name, layer in cache.items()}

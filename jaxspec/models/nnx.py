@@ -35,22 +35,16 @@ class NnxTarget(_MaskedForward):
 
     Attributes:
       graphdef: the module's ``nnx.GraphDef`` (``nnx.split``).
-      name, vocab_size, max_position, bos_id, eos_ids: as in ``jaxspec.models.TargetModel``.
-      row_offsets: as in ``MaskedTarget`` (False: a module that writes every row at
+      name, vocab_size, max_position, bos_id, eos_ids (keywords): as in ``jaxspec.models.TargetModel``.
+      row_offsets (keyword): as in ``MaskedTarget`` (False: a module that writes every row at
         ``write_at[0]`` runs row by row).
     """
 
     graphdef: Any
-    name: str
-    vocab_size: int
-    max_position: int
-    bos_id: int = -1
-    eos_ids: tuple[int, ...] = ()
-    row_offsets: bool = True
 
     @classmethod
     def split(cls, module: nnx.Module, **facts) -> tuple[NnxTarget, nnx.State]:
-        """``(NnxTarget, params)`` of ``module``; ``facts``: the fields after ``graphdef``."""
+        """``(NnxTarget, params)`` of ``module``; ``facts``: the keyword fields (name, vocab_size, ...)."""
         graphdef, params = nnx.split(module)
         return cls(graphdef, **facts), params
 

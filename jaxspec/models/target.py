@@ -45,7 +45,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import jax
 import jax.numpy as jnp
 
-from jaxspec.cache import KVCache
+from jaxspec.cache import KVCache, read
 from jaxspec.config import ModelConfig
 from jaxspec.models import decoder
 from jaxspec.models.decoder import ForwardOutput, TreeMask
@@ -108,10 +108,18 @@ class Decoder:
         return decoder.logits_from_hidden(params, self.config, hidden)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class _MaskedForward:
-    """``TargetModel.forward`` and friends from ``apply``/``head``/``make_cache`` (``MaskedTarget``)."""
+    """``TargetModel.forward`` and friends from ``apply``/``head``/``make_cache`` (``MaskedTarget``),
+    and the facts every such target declares (keywords: the subclasses' own fields come first)."""
 
-    n_layers = 0  # apply returns no layer outputs
+    name: str
+    vocab_size: int
+    max_position: int
+    bos_id: int = -1
+    eos_ids: tuple[int, ...] = ()
+    row_offsets: bool = True
+    n_layers = 0  # (not a field) apply returns no layer outputs
 
     def init_cache(self, params, batch: int, max_len: int):
         cache = self.make_cache(params, batch, max_len)
@@ -140,8 +148,7 @@ class _MaskedForward:
         hidden, new_cache = apply(params, tokens, positions, cache, start, seen)
         logits = self.logits(params, hidden) if head else None
         if not write:
-            new_cache = jax.tree.map(lambda x: jax.vmap(lambda r, s: jax.lax.dynamic_slice_in_dim(r, s, t))(x, start),
-                                     new_cache)
+            new_cache = jax.tree.map(lambda x: read(x, start, t), new_cache)
         return ForwardOutput(logits, hidden, (), new_cache)
 
     def logits(self, params, hidden):
@@ -174,8 +181,8 @@ class MaskedTarget(_MaskedForward):
       head: ``(params, hidden [..., D]) -> logits [..., V]``.
       make_cache: ``(params, batch, max_len) -> cache``, a pytree whose leaves are all
         ``[batch, max_len, ...]``.
-      name, vocab_size, max_position, bos_id, eos_ids: as in ``TargetModel``.
-      row_offsets: True (default) when ``apply`` writes each row at its own ``write_at[b]``;
+      name, vocab_size, max_position, bos_id, eos_ids (keywords): as in ``TargetModel``.
+      row_offsets (keyword): True (default) when ``apply`` writes each row at its own ``write_at[b]``;
         False for a model whose cache has one write index for the whole batch (the gemma
         library's ``end_index``, a Hugging Face ``cache_position``): the adapter then runs
         each row as a batch of one under ``jax.vmap`` (rows of a batch advance by different
@@ -190,12 +197,6 @@ class MaskedTarget(_MaskedForward):
     apply: Callable
     head: Callable
     make_cache: Callable
-    name: str
-    vocab_size: int
-    max_position: int
-    bos_id: int = -1
-    eos_ids: tuple[int, ...] = ()
-    row_offsets: bool = True
 
 
 def as_target(config) -> TargetModel:
