@@ -39,7 +39,7 @@ class BuildKernel(build_ext):
 
 kernel = Extension(
     "jaxspec.kernels._cpu_matmul",
-    sources=["jaxspec/kernels/cpu_matmul.cc", "jaxspec/kernels/cpu_attention.cc"],
+    sources=["jaxspec/kernels/cpu_matmul.cc", "jaxspec/kernels/cpu_panels.cc", "jaxspec/kernels/cpu_attention.cc"],
     depends=["jaxspec/kernels/cpu_parallel.h"],
     language="c++",
     # -ffp-contract=off: the portable path's a + b * c stays unfused everywhere (row invariance);

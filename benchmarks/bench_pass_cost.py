@@ -7,12 +7,15 @@ committed tokens), timed as the median of ``--reps`` calls after two warm-ups, w
 passes for the different T interleaved round-robin so machine load hits them alike. On a CPU
 with jaxspec's small-T kernel built (``jaxspec.kernels.cpu_matmul``), each pass is also
 compiled with XLA's dot (``cpu_matmul.disabled()``) and the two are interleaved too
-(``--kernel both``, the default there): results ``<model>`` (kernel) and ``<model>/xla``.
+(``--kernel both``, the default there): results ``<model>`` (kernel, over the weights as
+``jaxspec.load`` lays them out there: projection matrices in panels, ``jaxspec.models.layout``),
+``<model>/kn`` (the kernel over plain ``[K, N]`` matrices) and ``<model>/xla`` (XLA's dot over
+plain matrices).
 
 Run from the repository root::
 
     python -m benchmarks.bench_pass_cost [--models smollm2-135m,gemma3-270m] [--reps 15]
-        [--widths 1,2,5,9,17] [--dtype bfloat16] [--kernel both|on|off]
+        [--widths 1,2,5,9,17] [--dtype bfloat16] [--kernel both|layouts|on|off]
 
 Writes ``benchmarks/results/pass_cost_<models>[-<dtype>]_<host kind>_<date>.json`` (machine, versions, command) and prints a table.
 """
@@ -47,8 +50,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="comma-separated T values")
     ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="parameter dtype (jaxspec.load)")
-    ap.add_argument("--kernel", default="both", choices=("both", "on", "off"),
-                    help="CPU kernel, XLA's dot, or both interleaved (default; 'on' where the kernel is absent)")
+    ap.add_argument("--kernel", default="both", choices=("both", "layouts", "on", "off"),
+                    help="CPU kernel, XLA's dot, or both interleaved (default; 'on' where the kernel is absent); "
+                         "'layouts': the kernel over panels and over plain matrices only (XLA's bfloat16 passes "
+                         "take ~200 ms and slow whatever runs next)")
     args = ap.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
 
@@ -60,15 +65,18 @@ def main(argv=None) -> int:
     from jaxspec import models
     from jaxspec.cache import KVCache
     from jaxspec.kernels import cpu_matmul
+    from jaxspec.models import layout
 
     # whether weight products take the kernel (JAXSPEC_CPU_KERNEL unset or 1; 0: XLA's dot)
     kernel = jax.default_backend() == "cpu" and cpu_matmul.active()
-    variants = {"both": ("", "/xla"), "on": ("",), "off": ("/xla",)}[args.kernel if kernel else "on"]
+    variants = {"both": ("", "/kn", "/xla"), "layouts": ("", "/kn"), "on": ("",), "off": ("/xla",)}[
+        args.kernel if kernel else "on"]
     load_before = os.getloadavg()
     results = {}
     for name in args.models.split(","):
         model = jaxspec.load(name, dtype=args.dtype)
         cfg, params = model.config, model.params
+        arrays = layout.as_arrays(params)  # plain [K, N] matrices (the same tree where none are in panels)
 
         def verify_fn(params, tokens, positions, cache, start, visible):
             mask = models.TreeMask(start, visible, positions)
@@ -83,7 +91,8 @@ def main(argv=None) -> int:
             with cpu_matmul.disabled():
                 return off(*a)
 
-        passes = {name + v: (on if v == "" else xla_verify) for v in variants}
+        kn = jax.jit(lambda *a: verify_fn(*a), compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
+        passes = {name + v: {"": (on, params), "/kn": (kn, arrays), "/xla": (xla_verify, arrays)}[v] for v in variants}
         calls = {}
         for t in widths:
             tokens = jnp.asarray(np.random.default_rng(t).integers(0, cfg.vocab_size, (1, t)), jnp.int32)
@@ -92,15 +101,18 @@ def main(argv=None) -> int:
             visible = jnp.tril(jnp.ones((t, t), bool))[None]
             cache = KVCache.zeros(cfg, 1, args.slots, params["embed"].dtype)
             calls[t] = (tokens, positions, cache, start, visible)
-            for verify in passes.values():
+            for verify, p in passes.values():
                 for _ in range(2):
-                    verify(params, *calls[t]).block_until_ready()
+                    verify(p, *calls[t]).block_until_ready()
         times = {(v, t): [] for v in passes for t in widths}
-        for _ in range(args.reps):
+        order = list(passes.items())
+        for rep in range(args.reps):
             for t in widths:
-                for v, verify in passes.items():
+                # the variants in a rotating order: the pass right after XLA's dot runs while its
+                # threads wind down (measured: a bfloat16 kernel pass 1.6x slower in that slot)
+                for v, (verify, p) in order[rep % len(order):] + order[: rep % len(order)]:
                     t0 = time.perf_counter()
-                    verify(params, *calls[t]).block_until_ready()
+                    verify(p, *calls[t]).block_until_ready()
                     times[(v, t)].append(time.perf_counter() - t0)
         for v in passes:
             med = {t: statistics.median(times[(v, t)]) * 1e3 for t in widths}
@@ -108,7 +120,7 @@ def main(argv=None) -> int:
             results[v] = {"ms": med, "ratio_to_T1": {t: med[t] / one for t in widths},
                           "all_ms": {t: [x * 1e3 for x in times[(v, t)]] for t in widths}}
             print(f"{v}: " + ", ".join(f"T={t} {med[t]:.1f} ms ({med[t] / one:.2f}x)" for t in widths), flush=True)
-        del model, params
+        del model, params, arrays
 
     started = _dt.datetime.now(_dt.timezone.utc)
     stem = args.out or result_stem("pass_cost", args.models.replace(",", "-") + (f"-{args.dtype}" if args.dtype else ""), started)

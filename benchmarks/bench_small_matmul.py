@@ -70,11 +70,18 @@ def _libraries(args, mats):
             "numpy": ((lambda x: [x @ m for m in mats]), 4)}
     if cpu_matmul.enabled() and jax.default_backend() == "cpu":
         kn16, nk16 = [m.astype(jnp.bfloat16) for m in kn], [m.astype(jnp.bfloat16) for m in nk]
+        pan, pan16 = [cpu_matmul.pack_panels(m) for m in kn], [cpu_matmul.pack_panels(m) for m in kn16]
+        n = kn[0].shape[1]
+
+        def panels(x, p):
+            return cpu_matmul.matmul_panels(x, [p], [n])[0]
+
         runs.update({"kernel": (jitted(cpu_matmul.matmul_kn, kn), 4),
                      "kernel_nk": (jitted(cpu_matmul.matmul_nk, nk), 4),
                      "jax_bf16": (jitted(lambda x, m: jnp.matmul(x, m, preferred_element_type=jnp.float32), kn16), 2),
                      "kernel_bf16": (jitted(cpu_matmul.matmul_kn, kn16), 2),
-                     "kernel_nk_bf16": (jitted(cpu_matmul.matmul_nk, nk16), 2)})
+                     "kernel_nk_bf16": (jitted(cpu_matmul.matmul_nk, nk16), 2),
+                     "kernel_panels": (jitted(panels, pan), 4), "kernel_panels_bf16": (jitted(panels, pan16), 2)})
     return runs
 
 

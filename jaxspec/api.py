@@ -37,6 +37,7 @@ from jaxspec import acceptance, engine, policy, request, result, synthetic
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, default_dtype
 from jaxspec.kernels import cpu_matmul
+from jaxspec.models import layout
 from jaxspec.models.target import as_target, check_drafter, check_mask
 from jaxspec.result import GenerationResult, Output
 from jaxspec.tokenizer import Tokenizer
@@ -74,6 +75,11 @@ def load(name_or_path: str | os.PathLike, dtype=None, *, mesh=None, specs=None) 
         ``generate(..., mesh=mesh)`` runs them (``jaxspec.sharding.shard_params``: tensor
         parallel over ``model``, replicated over ``data``), read shard by shard on every host.
 
+    Returns:
+      A ``Model``. On a CPU backend with jaxspec's kernel on and no mesh, its layers' projection
+      matrices are ``jaxspec.models.layout.Panels`` (the layout the CPU kernel reads fastest;
+      ``layout.as_arrays(model.params)`` gives plain ``[K, N]`` arrays back).
+
     Raises:
       ValueError: ``name_or_path`` not a str or path, unknown model name, a ``dtype`` other
         than ``DTYPES`` (both before anything is read), unsupported architecture, corrupt
@@ -108,6 +114,8 @@ def load(name_or_path: str | os.PathLike, dtype=None, *, mesh=None, specs=None) 
         params = sharding.shard_params(params, config, mesh)
         return Model(params=params, config=config, tokenizer=tokenizer)
     params, config, tokenizer = loading.load_checkpoint(path, dtype=dtype, mesh=mesh, specs=specs)
+    if layout.wanted(config, mesh):  # on CPU: the projection matrices in panels (jaxspec.models.layout)
+        params = layout.for_kernel(params)
     return Model(params=params, config=config, tokenizer=tokenizer)
 
 
@@ -181,8 +189,10 @@ class Setup:
     Attributes:
       program: the ``Program`` to run.
       shapes: the ``request.Buckets`` it runs with.
-      drafter_params: the params the drafter runs on (``select_params``; placed by ``_inputs``
-        under a mesh), or None.
+      params: the target's params as the program runs them (``layout.for_run``: on CPU, in
+        panels; placed by ``_inputs`` under a mesh).
+      drafter_params: the params the drafter runs on (``select_params``, laid out likewise;
+        placed by ``_inputs`` under a mesh), or None.
       speculation: why the batch policy decoded plainly, or None (``policy.decide``).
       gate_tau: the acceptance gate's threshold, or None (``policy.gate``).
       synthetic: the ``SyntheticAcceptance`` of a benchmark call, or None.
@@ -190,6 +200,7 @@ class Setup:
 
     program: Program
     shapes: request.Buckets
+    params: Any
     drafter_params: Any
     speculation: str | None
     gate_tau: float | None
@@ -365,15 +376,17 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
             raise ValueError(f"mesh= splits jaxspec's decoder over devices; the target {call.config.name!r} is a "
                              "model of its own (jaxspec.models.TargetModel): run it without a mesh")
         plan = sharding.plan(mesh, call.config, drafter, shard_drafter)
-    elif drafter is not None:
-        drafter_params = drafter.select_params(call.params, drafter_params)
+    # without a mesh, on CPU: matrices in panels; a mesh shards the plain [K, N] arrays
+    params = layout.as_arrays(call.params) if plan else layout.for_run(call.params, call.config)
+    if plan is None and drafter is not None:
+        drafter_params = drafter.select_params(params, layout.for_run(drafter_params, getattr(drafter, "config", None)))
     shapes = request.buckets(req, engine.window(drafter, call.min_pass_tokens), 1 if plan is None else plan.data)
     sc = call.sampling
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     rule = acceptance.EXACT if synthetic_acceptance is None else synthetic.SYNTHETIC
     program = Program(call.config, drafter, shapes.cache_len, lp_spec, plan, call.min_pass_tokens, rule,
                       cpu_matmul.active_parts())
-    return Setup(program, shapes, drafter_params, speculation, gate_tau, synthetic_acceptance)
+    return Setup(program, shapes, params, drafter_params, speculation, gate_tau, synthetic_acceptance)
 
 
 def _inputs(call: Call, req: request.Request, setup: Setup):
@@ -385,8 +398,8 @@ def _inputs(call: Call, req: request.Request, setup: Setup):
                             setup.gate_tau)
     plan = setup.program.plan
     if plan is None:
-        return call.params, setup.drafter_params, inputs
-    return plan.place(call.params, setup.drafter_params, inputs, call.config, setup.program.drafter)
+        return setup.params, setup.drafter_params, inputs
+    return plan.place(setup.params, setup.drafter_params, inputs, call.config, setup.program.drafter)
 
 
 def generate(

@@ -24,6 +24,7 @@ from jaxspec import models
 from jaxspec.cache import KVCache
 from jaxspec.kernels import cpu_matmul
 from jaxspec.models import attention as attention_mod
+from jaxspec.models import layout
 from jaxspec.models import linear as linear_mod
 from jaxspec.models import rope as rope_mod
 
@@ -57,9 +58,22 @@ def _operands(k, n, t, wdtype, seed=0):
     return x, w
 
 
+def _product(kind, w):
+    """``(f, operand)``: the jitted kernel of ``kind`` and ``w [K, N]`` in the layout it reads."""
+    n = w.shape[1]
+    if kind == "kn":
+        return jax.jit(cpu_matmul.matmul_kn), w
+    if kind == "nk":
+        return jax.jit(cpu_matmul.matmul_nk), w.T.copy()
+    return jax.jit(lambda x, p: cpu_matmul.matmul_panels(x, [p], [n])[0]), cpu_matmul.pack_panels(w)
+
+
+KINDS = ["kn", "nk", "panels"]
+
+
 @pytest.mark.parametrize("k,n", SHAPES)
 @pytest.mark.parametrize("wdtype", DTYPES)
-@pytest.mark.parametrize("kind", ["kn", "nk"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_product_within_rounding_bound(k, n, wdtype, kind):
     """Each output of a K-term float32 sum (products exact in float64: bfloat16 weights widen
     exactly, float32 x float32 fits a float64 product's 48 bits) is within K * u * sum_k |x w|
@@ -68,10 +82,8 @@ def test_product_within_rounding_bound(k, n, wdtype, kind):
     x, w = _operands(k, n, 16, wdtype)
     w64 = np.asarray(w.astype(jnp.float32), np.float64)
     exact, mag = x.astype(np.float64) @ w64, np.abs(x.astype(np.float64)) @ np.abs(w64)
-    if kind == "kn":
-        got = np.asarray(jax.jit(cpu_matmul.matmul_kn)(jnp.asarray(x), w))
-    else:
-        got = np.asarray(jax.jit(cpu_matmul.matmul_nk)(jnp.asarray(x), w.T.copy()))
+    f, operand = _product(kind, w)
+    got = np.asarray(f(jnp.asarray(x), operand))
     assert got.dtype == np.float32 and got.shape == (16, n)
     bound = k * U * mag
     assert (np.abs(got - exact) <= bound).all()
@@ -82,15 +94,32 @@ def test_product_within_rounding_bound(k, n, wdtype, kind):
 
 @pytest.mark.parametrize("k,n", SHAPES)
 @pytest.mark.parametrize("wdtype", DTYPES)
-@pytest.mark.parametrize("kind", ["kn", "nk"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_rows_bitwise_invariant(k, n, wdtype, kind):
-    """Row t of a T-row product is bitwise the 1-row product of x[t], for every T in 1..16."""
-    x, w = _operands(k, n, 16, wdtype, seed=1)
-    f = jax.jit(cpu_matmul.matmul_kn if kind == "kn" else cpu_matmul.matmul_nk)
-    w = w if kind == "kn" else w.T.copy()
-    ones = np.stack([np.asarray(f(jnp.asarray(x[t : t + 1]), w))[0] for t in range(16)])
-    for t in range(1, 17):
+    """Row t of a T-row product is bitwise the 1-row product of x[t], for every T in 1..16 and
+    at the top of the range (the panel kernel takes rows in register tiles of up to 6: T = 64
+    runs as 10 tiles)."""
+    x, w = _operands(k, n, cpu_matmul.MAX_ROWS, wdtype, seed=1)
+    f, w = _product(kind, w)
+    ones = np.stack([np.asarray(f(jnp.asarray(x[t : t + 1]), w))[0] for t in range(cpu_matmul.MAX_ROWS)])
+    for t in [*range(1, 17), 31, cpu_matmul.MAX_ROWS]:
         np.testing.assert_array_equal(np.asarray(f(jnp.asarray(x[:t]), w)), ones[:t], err_msg=f"T={t}")
+
+
+def test_panels_layout_round_trip_and_errors():
+    """pack/unpack are inverses (odd N: the last panel zero-padded); the kernel refuses panels
+    that do not chain with x or y, naming the call."""
+    w = jnp.asarray(np.random.default_rng(5).standard_normal((13, 37), np.float32))
+    p = layout.pack(w)
+    assert p.data.shape == (3, 13, 16) and p.shape == (13, 37) and p.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(p.unpack()), np.asarray(w))
+    assert not np.asarray(p.data[2, :, 5:]).any()
+    with pytest.raises(Exception, match="jaxspec cpu panels: shapes do not chain"):
+        jax.jit(lambda x: cpu_matmul.matmul_panels(x, [p.data], [50])[0])(jnp.ones((2, 13)))
+    with pytest.raises(ValueError, match="pack takes a \\[K, N\\] matrix"):
+        layout.pack(jnp.ones((2, 3, 4)))
+    with pytest.raises(ValueError, match="x's last axis is 12"):
+        linear_mod.linear(jnp.ones((2, 12)), p)
 
 
 def test_linear_dispatch_and_shapes():
@@ -152,6 +181,69 @@ def test_linears_bitwise_equal_separate_products(wdtype):
     for g, h in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert np.abs(np.asarray(h, np.float32)).max() > 0
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(h, np.float32), rtol=1e-5, atol=1e-6)
+
+
+def test_linear_takes_panels():
+    """A matrix as layout.Panels goes through linear/linears like the array: the panel kernel
+    up to MAX_ROWS rows (each product bitwise matmul_panels alone, for every T, also inside
+    linears), XLA's dot past it (within rounding of x @ w); a mix of panels and arrays; and
+    gradients equal those of x @ w, the weight's gradient coming back as Panels."""
+    x, _ = _operands(600, 8, 2 * (linear_mod.MAX_ROWS // 2 + 1), jnp.float32, seed=6)
+    ws = [jnp.asarray(np.random.default_rng(i).standard_normal((600, n), np.float32)) for i, n in enumerate((300, 37))]
+    ps = [layout.pack(w) for w in ws]
+    one = jax.jit(linear_mod.linear)
+    for t in (1, 5, 16):
+        xt = jnp.asarray(x[:t])
+        alone = [np.asarray(cpu_matmul.matmul_panels(xt, [p.data], [p.n])[0]) for p in ps]
+        for got, want in zip(jax.jit(linear_mod.linears)(xt, ps), alone):
+            np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"T={t}")
+        np.testing.assert_array_equal(np.asarray(one(xt, ps[1])), alone[1])
+        mixed = jax.jit(linear_mod.linears)(xt, (ps[0], ws[1]))
+        np.testing.assert_array_equal(np.asarray(mixed[0]), alone[0])
+        np.testing.assert_array_equal(np.asarray(mixed[1]), np.asarray(one(xt, ws[1])))
+    x3 = jnp.asarray(x).reshape(2, -1, 600)
+    assert not linear_mod.kernel_applies(x3, ps[0])
+    np.testing.assert_allclose(np.asarray(one(x3, ps[0])), np.asarray(x3 @ ws[0]), rtol=1e-4, atol=1e-4)
+    yb = one(x3[:, :4].astype(jnp.bfloat16), layout.pack(ws[0].astype(jnp.bfloat16)))
+    assert yb.dtype == jnp.bfloat16 and yb.shape == (2, 4, 300)
+
+    def loss(x, w, f):
+        return jnp.sum(jnp.tanh(f(x, w)))
+
+    xt = jnp.asarray(x[:4]) * 0.05
+    gx, gp = jax.jit(jax.grad(functools.partial(loss, f=linear_mod.linear), argnums=(0, 1)))(xt, ps[1])
+    hx, hw = jax.grad(functools.partial(loss, f=lambda x, w: x @ w), argnums=(0, 1))(xt, ws[1])
+    assert isinstance(gp, layout.Panels) and np.abs(np.asarray(hw)).max() > 0
+    np.testing.assert_allclose(np.asarray(gx), np.asarray(hx), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(gp.unpack()), np.asarray(hw), rtol=1e-5, atol=1e-6)
+    assert not np.asarray(gp.data[-1, :, 37 % 16:]).any()  # no gradient into the padding
+
+
+def test_params_laid_out_once_and_back(tiny, tmp_path):
+    """generate lays a bare params tree out in panels once (the same copy on the next call) and
+    gives the tokens of the tree laid out by hand; as_arrays undoes it bitwise; an orbax save of
+    the laid-out tree restores as the plain one; load on CPU returns panels."""
+    from jaxspec.checkpoints import orbax_io
+
+    params = tiny.params
+    laid = layout.for_run(params, tiny.cfg)
+    assert layout.has_panels(laid) and not layout.has_panels(params)
+    assert layout.for_run(params, tiny.cfg) is laid and layout.for_run(laid, tiny.cfg) is laid
+    assert isinstance(laid["layers"][0]["w_down"], layout.Panels) and laid["embed"] is params["embed"]
+    for got, want in zip(jax.tree.leaves(layout.as_arrays(laid)), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    ngram = jaxspec.NGramDrafter(gamma=3)
+    a = jaxspec.generate(params, tiny.prompts, config=tiny.cfg, max_new_tokens=12, drafter=ngram, logprobs=0)
+    b = jaxspec.generate(layout.for_kernel(params), tiny.prompts, config=tiny.cfg, max_new_tokens=12, logprobs=0)
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+    orbax_io.save(str(tmp_path / "ckpt"), laid, tiny.cfg)
+    restored, _, _ = orbax_io.restore(str(tmp_path / "ckpt"))
+    assert not layout.has_panels(restored)
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert layout.wanted(tiny.cfg) and not layout.wanted(tiny.cfg, mesh=object())
+    with cpu_matmul.disabled("matmul"):
+        assert layout.for_run(params, tiny.cfg) is params  # XLA's dot: plain arrays
 
 
 def _attention_operands(dtype, seed=0, b=2, t=5, heads=6, kv=2, h=24, s=19, n=5):

@@ -28,6 +28,9 @@ RESULTS = {
     "pass_cost_kernel_cpu": ("benchmarks/results/pass_cost_smollm2-135m_cpu_2026-12-06.json", "pass_cost"),
     "spec_bench_smollm2_kernel": ("benchmarks/results/spec_bench_smollm2-135m_cpu_2026-12-06.json", "spec_bench"),
     "pass_cost_kernel_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-06.json", "pass_cost"),
+    "small_matmul_panels_cpu": ("benchmarks/results/small_matmul_1536x8960_cpu_2026-12-07.json", "small_matmul"),
+    "pass_cost_panels_cpu": ("benchmarks/results/pass_cost_smollm2-135m-float32_cpu_2026-12-07.json", "pass_cost"),
+    "pass_cost_panels_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_cost"),
     "spec_bench_smollm2_attention": ("benchmarks/results/spec_bench_smollm2-135m-attention_cpu_2026-12-07.json", "spec_bench"),
     "exact_logprobs_smollm2": ("benchmarks/results/exact_logprobs_smollm2-135m_cpu_2026-12-07.json", "exact_logprobs"),
     "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json", "batch_sweep"),
@@ -144,7 +147,8 @@ def pass_cost(path: str, d: dict) -> str:
                   + " | ".join(f"{r['ms'][t]:.1f} ({r['ratio_to_T1'][t]:.2f})" for t in ts) + " |")
     s = d["settings"]
     md += ["", f"One target pass over T new tokens, {s.get('dtype') or 'float32'} weights, {s['slots']}-slot cache, "
-           f"medians of {s['reps']} interleaved calls; `/xla`: the same pass with XLA's dot for the weight products."]
+           f"medians of {s['reps']} interleaved calls; `/xla`: the same pass with XLA's dot for the weight products; "
+           f"`/kn`: the kernel over plain `[K, N]` matrices (from 2026-12-07 the unmarked row runs them in panels)."]
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
 
 
@@ -159,7 +163,8 @@ def small_matmul(path: str, d: dict) -> str:
     sh = d["shape"]
     md += ["", f"`x [T, {sh['k']}] @ W [{sh['k']}, {sh['n']}]`, {sh['matrices']} matrices per call, ms per product at "
            f"T = 1 (weight bytes per second) and the cost of T rows relative to one; medians of {d['reps']}. "
-           f"Copy bandwidth {d['copy_GB_s']} GB/s. `_nk`: weights stored `[N, K]`; `_bf16`: bfloat16 weights."]
+           f"Copy bandwidth {d['copy_GB_s']} GB/s. `_nk`: weights stored `[N, K]`; `_panels`: in panels of 16 columns; "
+           f"`_bf16`: bfloat16 weights."]
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
 
 

@@ -47,6 +47,9 @@ def write_gguf(path: str, params: dict, config: ModelConfig, *, quantization: st
     """
     import gguf
 
+    from jaxspec.models import layout
+
+    params = layout.as_arrays(params)  # matrices laid out for the CPU kernel are written as [K, N]
     if os.path.lexists(path) and not overwrite:
         raise FileExistsError(f"destination {path!r} already exists; pass overwrite=True to replace it")
     if config.family not in ARCHITECTURES:

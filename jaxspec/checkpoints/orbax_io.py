@@ -60,7 +60,8 @@ def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dic
 
     Args:
       dst: destination directory (must not exist unless ``overwrite``).
-      params: pytree in the ``jaxspec.models.decoder`` layout for ``config``.
+      params: pytree in the ``jaxspec.models.decoder`` layout for ``config`` (matrices as arrays
+        or ``layout.Panels``; saved as arrays either way).
       config: its ``ModelConfig``.
       tokenizer_metadata: GGUF ``tokenizer.*`` (and ``general.name``) keys to keep.
       tokenizer_dir: a Hugging Face directory whose tokenizer files are copied.
@@ -74,6 +75,9 @@ def save(dst: str, params: dict, config: ModelConfig, *, tokenizer_metadata: dic
       FileExistsError: ``dst`` exists and not ``overwrite``.
       ValueError: ``params`` does not match ``config`` (names the tensor).
     """
+    from jaxspec.models import layout
+
+    params = layout.as_arrays(params)  # matrices laid out for the CPU kernel are saved as [K, N]
     tensors = {}
     for spec in names.tensor_specs(config):
         arr = names.get_leaf(params, spec.path)

@@ -55,8 +55,12 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+using jaxspec_cpu::bf16_to_f32;
 using jaxspec_cpu::cpu_has_avx2;
 using jaxspec_cpu::parallel_chunks;
+#ifdef JAXSPEC_X86
+using jaxspec_cpu::load_w8;
+#endif
 
 constexpr int64_t kPanelMax = 2048;   // columns per panel (kn): y's T rows and 8 W rows stay in L2
 constexpr int64_t kL1Cols = 256;      // columns of an 8-row W block applied to all x rows at once
@@ -66,13 +70,6 @@ constexpr int64_t kNkCols = 4;        // E rows (outputs) per register block (nk
 constexpr int64_t kSerialBelow = 1 << 15;  // K * sum(N) under which one thread does it all
 constexpr int64_t kPieceElems = 1 << 16;  // kn: weights per k piece, at least
 constexpr int64_t kMaxPieces = 8;         // kn: k pieces per weight, at most
-
-inline float bf16_to_f32(uint16_t v) {
-  uint32_t u = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 struct Problem {
   const float* x;  // [t, k], rows ldx apart
@@ -123,15 +120,6 @@ void kn_block_portable(const Problem& p, int64_t k0, int64_t c0, int64_t c1) {
 }
 
 #ifdef JAXSPEC_X86
-template <bool BF16>
-__attribute__((target("avx2,fma"))) inline __m256 load_w8(const void* w, int64_t i) {
-  if (BF16) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-  }
-  return _mm256_loadu_ps(static_cast<const float*>(w) + i);
-}
-
 // The columns [c0, c1) one 8-column vector at a time (the < kStep columns left at the end of a
 // chunk). KB: the rows in this k block (8, or the K mod 8 tail).
 template <int KB, bool BF16>

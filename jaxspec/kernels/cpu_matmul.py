@@ -5,6 +5,8 @@ into ``jaxspec/kernels/_cpu_matmul<EXT_SUFFIX>``) and its XLA FFI targets:
   and ``matmul_kn_many(x, ws)``: several such products sharing x in one call;
 * ``matmul_nk(x, e)``: ``x [T, K] float32 @ e [N, K]^T`` -> ``[T, N]`` float32 (a tied
   embedding table as the output head);
+* ``matmul_panels(x, ps, ns)``: the products of several weights laid out in panels
+  (``pack_panels``, ``cpu_panels.cc``; ``jaxspec.models.layout.Panels``);
 
 and the attention and RoPE targets (``cpu_attention.cc``, called by ``jaxspec.kernels.cpu_attention``).
 
@@ -49,8 +51,8 @@ MAX_ROWS = 64
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                             "_cpu_matmul" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
-_TARGETS = {"kn": "jaxspec_cpu_matmul_kn", "nk": "jaxspec_cpu_matmul_nk", "attention": "jaxspec_cpu_attention",
-            "rope": "jaxspec_cpu_rope"}
+_TARGETS = {"kn": "jaxspec_cpu_matmul_kn", "nk": "jaxspec_cpu_matmul_nk", "panels": "jaxspec_cpu_matmul_panels",
+            "attention": "jaxspec_cpu_attention", "rope": "jaxspec_cpu_rope"}
 _state: dict = {}
 _local = threading.local()
 
@@ -61,8 +63,8 @@ def _load(path: str) -> tuple[bool, str]:
         return False, f"the CPU matmul kernel is not built ({path} is missing)"
     try:
         lib = ctypes.CDLL(path)
-        symbols = (("kn", lib.JaxspecMatmulKN), ("nk", lib.JaxspecMatmulNK), ("attention", lib.JaxspecAttention),
-                   ("rope", lib.JaxspecRope))
+        symbols = (("kn", lib.JaxspecMatmulKN), ("nk", lib.JaxspecMatmulNK), ("panels", lib.JaxspecMatmulPanels),
+                   ("attention", lib.JaxspecAttention), ("rope", lib.JaxspecRope))
         for name, symbol in symbols:
             jax.ffi.register_ffi_target(_TARGETS[name], jax.ffi.pycapsule(symbol), platform="cpu")
         isa = "avx2" if lib.jaxspec_matmul_isa() else "portable"
@@ -228,3 +230,34 @@ def matmul_nk(x: jax.Array, e: jax.Array) -> jax.Array:
     only; 8 fixed lane sums over k, a fixed reduction tree, then the K mod 8 tail: row t is
     bitwise the same whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
     return _call("nk", x, [e])[0]
+
+
+# Output columns per panel of the panel layout (``cpu_panels.cc``).
+PANEL = 16
+
+
+def pack_panels(w: jax.Array) -> jax.Array:
+    """``w [K, N]`` -> its panels ``[ceil(N / 16), K, 16]``, same dtype: ``P[p, k, c] = w[k, 16 p + c]``,
+    zero past N. The layout ``matmul_panels`` reads: 16 output columns contiguous along k, so a
+    register tile keeps its sums in registers for the whole k loop (``docs/cpu_kernel.md``)."""
+    k, n = w.shape
+    p = -(-n // PANEL)
+    w = jnp.pad(w, ((0, 0), (0, p * PANEL - n)))
+    return w.reshape(k, p, PANEL).transpose(1, 0, 2)
+
+
+def unpack_panels(panels: jax.Array, n: int) -> jax.Array:
+    """The inverse of ``pack_panels``: ``[P, K, 16]`` -> ``[K, n]``."""
+    p, k, _ = panels.shape
+    return panels.transpose(1, 0, 2).reshape(k, p * PANEL)[:, :n]
+
+
+def matmul_panels(x: jax.Array, panels, ns) -> list[jax.Array]:
+    """``[x @ unpack_panels(p, n) for p, n in zip(panels, ns)]`` in one call: ``x [T, K]`` float32
+    (T <= ``MAX_ROWS``), each ``p [ceil(n / 16), K, 16]`` float32 or bfloat16 (``pack_panels``),
+    -> float32 ``[T, n]``. Each output is one sequential float32 FMA chain over k, so row t is
+    bitwise the same whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
+    if not enabled():
+        raise RuntimeError(f"the CPU matmul kernel is off: {describe()}")
+    outs = [jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32) for n in ns]
+    return jax.ffi.ffi_call(_TARGETS["panels"], outs, vmap_method="sequential")(x, *panels)

@@ -1,5 +1,6 @@
-// What jaxspec's CPU kernels (cpu_matmul.cc, cpu_attention.cc) share: work sharing over XLA's
-// intra-op thread pool, and the run-time choice of the AVX2/FMA code paths.
+// What jaxspec's CPU kernels (cpu_matmul.cc, cpu_panels.cc, cpu_attention.cc) share: work
+// sharing over XLA's intra-op thread pool, the run-time choice of the AVX2/FMA code paths, and
+// the widening of bfloat16 weights.
 //
 // parallel_chunks: `chunks` independent pieces of work, claimed from a counter by the calling
 // thread and by up to num_threads - 1 pool tasks; returns when all are done. The caller works
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -81,6 +83,26 @@ inline bool cpu_has_avx2() {
   return false;
 #endif
 }
+
+// bfloat16 -> float32: exact (the 16 bits are float32's top half).
+inline float bf16_to_f32(uint16_t v) {
+  uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+#ifdef JAXSPEC_X86
+// Eight weights from w + i (float32, or bfloat16 widened on load: a 16-bit shift) as floats.
+template <bool BF16>
+__attribute__((target("avx2,fma"))) inline __m256 load_w8(const void* w, int64_t i) {
+  if (BF16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+}
+#endif
 
 }  // namespace jaxspec_cpu
 

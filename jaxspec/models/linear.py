@@ -15,6 +15,11 @@ float32 or bfloat16 matrix; otherwise XLA's dot. On that path x is widened to fl
 sums are float32, and the result is rounded once to the output dtype (float32 for float32
 activations; bfloat16 for a bfloat16 model's bfloat16 activations), the same for a 1-token and
 a T-token pass. Gradients: a ``jax.custom_vjp`` whose backward pass is plain dots.
+
+A weight may also come as ``layout.Panels`` (the same matrix laid out in panels of 16 output
+columns, ``jaxspec.models.layout``): on the kernel path it takes the panel kernel
+(``cpu_matmul.matmul_panels``), which keeps a register tile of outputs for every row of a verify
+window; elsewhere XLA's dot over the panels. Its gradient comes back as panels too.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.kernels import cpu_matmul
+from jaxspec.models.layout import PANEL, Panels
 
 MAX_ROWS = cpu_matmul.MAX_ROWS
 
@@ -71,6 +77,55 @@ def _products_bwd(transposed, out_dtype, res, gs):
 _products.defvjp(_products_fwd, _products_bwd)
 
 
+def _xla_panels(x, data, n, out_dtype):
+    """``x @ w`` for ``w`` given as its panels ``data [P, K, 16]``, with XLA's dot."""
+    y = jnp.einsum("...k,pkc->...pc", x, data, preferred_element_type=out_dtype)
+    return y.reshape(*y.shape[:-2], -1)[..., :n].astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _panel_products(x, datas, ns, out_dtype):
+    """``[x @ w for w in ws]``, each ``w`` given as its panels (``datas``) and width (``ns``):
+    the panel kernel on CPU, XLA's dot elsewhere."""
+
+    def cpu(x, *datas):
+        x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+        ys = cpu_matmul.matmul_panels(x2, datas, ns)
+        return tuple(y.reshape(*x.shape[:-1], n).astype(out_dtype) for y, n in zip(ys, ns))
+
+    def default(x, *datas):
+        return tuple(_xla_panels(x, d, n, out_dtype) for d, n in zip(datas, ns))
+
+    return jax.lax.platform_dependent(x, *datas, cpu=cpu, default=default)
+
+
+def _panel_products_fwd(x, datas, ns, out_dtype):
+    return _panel_products(x, datas, ns, out_dtype), (x, datas)
+
+
+def _panel_products_bwd(ns, out_dtype, res, gs):
+    x, datas = res
+    dx, dds = jnp.zeros(x.shape, jnp.promote_types(x.dtype, jnp.float32)), []
+    for d, n, g in zip(datas, ns, gs):
+        g = g.astype(jnp.promote_types(x.dtype, d.dtype))
+        pad = [(0, 0)] * (g.ndim - 1) + [(0, d.shape[0] * PANEL - n)]
+        gp = jnp.pad(g, pad).reshape(*g.shape[:-1], d.shape[0], PANEL)
+        dx = dx + jnp.einsum("...pc,pkc->...k", gp, d.astype(g.dtype))
+        dds.append(jnp.einsum("...k,...pc->pkc", x.astype(g.dtype), gp).astype(d.dtype))
+    return dx.astype(x.dtype), tuple(dds)
+
+
+_panel_products.defvjp(_panel_products_fwd, _panel_products_bwd)
+
+
+def _check_chain(x, w, transposed):
+    """Panels take no ``transposed`` and must chain with x (plain arrays: ``jnp.einsum`` checks)."""
+    if transposed:
+        raise ValueError("linear(transposed=True) takes a [N, K] array, not Panels")
+    if x.shape[-1] != w.shape[0]:
+        raise ValueError(f"linear: x's last axis is {x.shape[-1]} but the weight is {w.shape} (K, N)")
+
+
 def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
     """Whether ``linear(x, w)`` may take the CPU kernel (on a CPU device): enabled, 2-D w,
     float32/bfloat16 operands, 1..``MAX_ROWS`` flattened rows."""
@@ -85,7 +140,8 @@ def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=No
 
     Args:
       x: ``[..., K]`` activations, any float dtype.
-      w: ``[K, N]`` (or ``[N, K]`` with ``transposed``) weights.
+      w: ``[K, N]`` (or ``[N, K]`` with ``transposed``) weights, or a ``[K, N]`` matrix as
+        ``layout.Panels``.
       transposed: contract w's minor axis instead of its major one.
       out_dtype: the result dtype (default: ``jnp.result_type(x, w)``), also the dot's
         accumulation type on the XLA path (``preferred_element_type``).
@@ -96,9 +152,15 @@ def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=No
       number of rows; elsewhere exactly ``jnp.einsum(..., preferred_element_type=out_dtype)``.
 
     Raises:
-      TypeError / ValueError: from ``jnp.einsum`` when the shapes do not chain.
+      TypeError / ValueError: the shapes do not chain (from ``jnp.einsum`` for arrays);
+        ``Panels`` with ``transposed``.
     """
-    out_dtype = jnp.dtype(out_dtype or jnp.result_type(x, w))
+    out_dtype = jnp.dtype(out_dtype or jnp.result_type(x.dtype, w.dtype))
+    if isinstance(w, Panels):
+        _check_chain(x, w, transposed)
+        if kernel_applies(x, w):
+            return _panel_products(x, (w.data,), (w.n,), out_dtype)[0]
+        return _xla_panels(x, w.data, w.n, out_dtype)
     k_axis = 1 if transposed else 0
     if w.ndim != 2 or x.shape[-1] != w.shape[k_axis] or not kernel_applies(x, w):
         return _xla(x, w, transposed, out_dtype)
@@ -113,7 +175,7 @@ def linears(x: jax.Array, ws, *, out_dtype=None) -> tuple[jax.Array, ...]:
 
     Args:
       x: ``[..., K]`` activations.
-      ws: a sequence of ``[K, N_i]`` weights.
+      ws: a sequence of ``[K, N_i]`` weights (arrays or ``layout.Panels``).
       out_dtype: as in ``linear`` (default: ``jnp.result_type(x, w)`` per weight).
 
     Returns:
@@ -123,9 +185,13 @@ def linears(x: jax.Array, ws, *, out_dtype=None) -> tuple[jax.Array, ...]:
       TypeError / ValueError: from ``jnp.einsum`` when the shapes do not chain.
     """
     ws = tuple(ws)
-    dtypes = [jnp.dtype(out_dtype or jnp.result_type(x, w)) for w in ws]
-    together = (len(set(dtypes)) == 1 and all(w.ndim == 2 and x.shape[-1] == w.shape[0] for w in ws)
+    dtypes = [jnp.dtype(out_dtype or jnp.result_type(x.dtype, w.dtype)) for w in ws]
+    panels = [isinstance(w, Panels) for w in ws]
+    together = (len(set(dtypes)) == 1 and len(set(panels)) == 1
+                and all(w.ndim == 2 and x.shape[-1] == w.shape[0] for w in ws)
                 and all(kernel_applies(x, w) for w in ws))
     if not together:
         return tuple(linear(x, w, out_dtype=d) for w, d in zip(ws, dtypes))
+    if panels[0]:
+        return _panel_products(x, tuple(w.data for w in ws), tuple(w.n for w in ws), dtypes[0])
     return _products(x, ws, False, dtypes[0])

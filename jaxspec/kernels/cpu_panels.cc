@@ -1,0 +1,218 @@
+// Small-T matrix products over weights laid out in panels, for XLA:CPU, as an XLA FFI call.
+//
+//   y_i[T, N_i] = x[T, K] @ W_i[K, N_i], i = 1..M, with each W_i given as its panels
+//   P_i[ceil(N_i / 16), K, 16]: P[p, k, c] = W[k, 16 p + c] (zero past N). Several weights that
+//   share x (q/k/v, gate/up) go in one call.
+//
+// x and y are float32; the panels float32 or bfloat16 (widened to float32 in registers); the
+// sums float32. T is meant to be small (1..64 rows, cpu_matmul.MAX_ROWS).
+//
+// Why panels. A panel holds 16 output columns for every k, contiguous along k (one 64-byte line
+// of float32, half a line of bfloat16, per k), so a register tile of 16 columns x up to 6 rows
+// of x keeps its 12 accumulators in registers for the whole k loop: one weight load feeds up to
+// 6 FMAs and each thread streams whole panels, one contiguous region each, which the hardware
+// prefetcher follows. (The [K, N] kernel in cpu_matmul.cc applies each 8-row block of W to one
+// x row at a time with y in memory: about one load per FMA.) This is the packed-B layout of
+// Goto & van de Geijn 2008 ("Anatomy of High-Performance Matrix Multiplication", section 4) and
+// of ggml's repacked weights (ggml-cpu/repack.cpp), cut down to T = 1..64 rows; llamafile's
+// tinyBLAS (sgemm.cpp) holds the same kind of register tile.
+//
+// Blocking: a panel is walked in blocks of kKc k's (16 KB of float32 panel, which stays in L1
+// while every group of x rows passes over it); the T rows go in groups of at most kRows (the
+// group sizes balanced: T = 8 runs as 4 + 4). A group's partial sums go to a small buffer
+// between k blocks and come back unchanged.
+//
+// Row invariance: every y[t, n] is one sequential float32 chain over k = 0 .. K-1
+// (acc = fma(x[t, k], W[k, n], acc) from 0 on the AVX2 path; acc = acc + x * w, unfused, on the
+// portable one), whatever T, the group t falls in, the other weights in the call or the thread.
+// So row t of a T-row product is bitwise the 1-row product of x[t].
+//
+// Threads: XLA's intra-op thread pool (parallel_chunks, cpu_parallel.h), over ranges of panels.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_parallel.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+using jaxspec_cpu::bf16_to_f32;
+using jaxspec_cpu::cpu_has_avx2;
+using jaxspec_cpu::parallel_chunks;
+#ifdef JAXSPEC_X86
+using jaxspec_cpu::load_w8;
+#endif
+
+constexpr int64_t kPanel = 16;             // output columns per panel
+constexpr int64_t kKc = 256;               // k's per block: 16 KB of a float32 panel, in L1
+constexpr int kRows = 6;                   // x rows per register tile (12 accumulators)
+constexpr int64_t kMaxT = 64;              // rows a call takes (cpu_matmul.MAX_ROWS)
+constexpr int64_t kSerialBelow = 1 << 15;  // K * sum(N) under which one thread does it all
+constexpr int64_t kChunkPanels = 8;        // panels per unit of work shared by the threads, at most
+
+struct Weight {
+  const void* panels;  // [P, K, 16]
+  float* y;            // [T, N]
+  int64_t n, p;
+  bool bf16;
+};
+
+// acc[r][c] (+)= sum over k in [0, kc) of x[r, k] * w[k, c], for r < rows, c < 16; `part` holds
+// the rows' 16 partial sums, 16 floats apart; w points at the block's first k of a panel.
+template <bool BF16>
+void tile_portable(const float* x, int64_t ldx, const void* w, int64_t kc, float* part, int rows, bool first) {
+  for (int r = 0; r < rows; ++r) {
+    float acc[kPanel];
+    for (int c = 0; c < kPanel; ++c) acc[c] = first ? 0.0f : part[r * kPanel + c];
+    for (int64_t k = 0; k < kc; ++k) {
+      const float xv = x[r * ldx + k];
+      for (int c = 0; c < kPanel; ++c) {
+        const int64_t i = k * kPanel + c;
+        const float wv = BF16 ? bf16_to_f32(static_cast<const uint16_t*>(w)[i]) : static_cast<const float*>(w)[i];
+        acc[c] = acc[c] + xv * wv;
+      }
+    }
+    for (int c = 0; c < kPanel; ++c) part[r * kPanel + c] = acc[c];
+  }
+}
+
+#ifdef JAXSPEC_X86
+// Named accumulators, not arrays: GCC kept an array of __m256 in registers but also stored it to
+// the stack every iteration (one store per FMA).
+#define JAXSPEC_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+
+template <int R, bool BF16>
+__attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t ldx, const void* w, int64_t kc, float* part,
+                                                    bool first) {
+  static_assert(R >= 1 && R <= kRows, "rows per tile");
+#define JAXSPEC_INIT(r)                                                       \
+  __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps();        \
+  if (R > r && !first) {                                                      \
+    a##r##0 = _mm256_loadu_ps(part + r * kPanel);                             \
+    a##r##1 = _mm256_loadu_ps(part + r * kPanel + 8);                         \
+  }
+  JAXSPEC_ROWS(JAXSPEC_INIT)
+#undef JAXSPEC_INIT
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 w0 = load_w8<BF16>(w, k * kPanel), w1 = load_w8<BF16>(w, k * kPanel + 8);
+#define JAXSPEC_FMA(r)                                                        \
+    if (R > r) {                                                              \
+      const __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);                 \
+      a##r##0 = _mm256_fmadd_ps(xb, w0, a##r##0);                             \
+      a##r##1 = _mm256_fmadd_ps(xb, w1, a##r##1);                             \
+    }
+    JAXSPEC_ROWS(JAXSPEC_FMA)
+#undef JAXSPEC_FMA
+  }
+#define JAXSPEC_STORE(r)                                                      \
+  if (R > r) {                                                                \
+    _mm256_storeu_ps(part + r * kPanel, a##r##0);                             \
+    _mm256_storeu_ps(part + r * kPanel + 8, a##r##1);                         \
+  }
+  JAXSPEC_ROWS(JAXSPEC_STORE)
+#undef JAXSPEC_STORE
+}
+#undef JAXSPEC_ROWS
+
+using Tile = void (*)(const float*, int64_t, const void*, int64_t, float*, bool);
+template <bool BF16>
+constexpr Tile kTiles[kRows] = {tile_avx2<1, BF16>, tile_avx2<2, BF16>, tile_avx2<3, BF16>,
+                                tile_avx2<4, BF16>, tile_avx2<5, BF16>, tile_avx2<6, BF16>};
+#endif
+
+// Panels [p0, p1) of one weight: y[:, 16 p0 .. 16 p1) = x @ W[:, those columns].
+void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, int64_t p1, bool avx2) {
+  const int64_t esize = w.bf16 ? 2 : 4;
+  const int groups = static_cast<int>((t + kRows - 1) / kRows);
+  int starts[kMaxT], sizes[kMaxT];
+  for (int g = 0, t0 = 0; g < groups; ++g) {  // balanced groups: T = 8 -> 4 + 4, T = 13 -> 5 + 4 + 4
+    sizes[g] = static_cast<int>(t / groups + (g < t % groups ? 1 : 0));
+    starts[g] = t0;
+    t0 += sizes[g];
+  }
+  alignas(32) float part[kMaxT * kPanel];
+  for (int64_t p = p0; p < p1; ++p) {
+    const char* panel = static_cast<const char*>(w.panels) + p * k * kPanel * esize;
+    for (int64_t k0 = 0; k0 < k; k0 += kKc) {
+      const int64_t kc = std::min(kKc, k - k0);
+      const void* wb = panel + k0 * kPanel * esize;
+      for (int g = 0; g < groups; ++g) {
+        const float* xg = x + starts[g] * k + k0;
+        float* pg = part + starts[g] * kPanel;
+#ifdef JAXSPEC_X86
+        if (avx2) {
+          (w.bf16 ? kTiles<true> : kTiles<false>)[sizes[g] - 1](xg, k, wb, kc, pg, k0 == 0);
+          continue;
+        }
+#endif
+        (w.bf16 ? tile_portable<true> : tile_portable<false>)(xg, k, wb, kc, pg, sizes[g], k0 == 0);
+      }
+    }
+    const int64_t c0 = p * kPanel, cols = std::min(kPanel, w.n - c0);
+    for (int64_t r = 0; r < t; ++r) {
+      if (k == 0) std::fill(part + r * kPanel, part + r * kPanel + kPanel, 0.0f);
+      std::memcpy(w.y + r * w.n + c0, part + r * kPanel, cols * sizeof(float));
+    }
+  }
+}
+
+// x [T, K] float32, then the panels P_1 .. P_M; results y_1 .. y_M [T, N_i] float32.
+ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::RemainingArgs ws, ffi::RemainingRets ys) {
+  if (ws.size() != ys.size() || ws.size() == 0)
+    return ffi::Error::InvalidArgument("jaxspec cpu panels: one result per weight, at least one weight");
+  auto xd = x.dimensions();
+  if (xd.size() != 2) return ffi::Error::InvalidArgument("jaxspec cpu panels: x must be rank 2");
+  const int64_t t = xd[0], k = xd[1];
+  if (t > kMaxT) return ffi::Error::InvalidArgument("jaxspec cpu panels: at most 64 rows of x");
+  std::vector<Weight> weights(ws.size());
+  int64_t total_panels = 0, elems = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    auto w = ws.get<ffi::AnyBuffer>(i);
+    auto y = ys.get<ffi::Buffer<ffi::F32>>(i);
+    if (w.has_error()) return w.error();
+    if (y.has_error()) return y.error();
+    auto wd = w->dimensions();
+    auto yd = (*y)->dimensions();
+    if (wd.size() != 3 || yd.size() != 2 || wd[2] != kPanel)
+      return ffi::Error::InvalidArgument("jaxspec cpu panels: panels must be [P, K, 16] and y rank 2");
+    const int64_t n = yd[1];
+    if (wd[1] != k || yd[0] != t || wd[0] != (n + kPanel - 1) / kPanel)
+      return ffi::Error::InvalidArgument("jaxspec cpu panels: shapes do not chain");
+    if (w->element_type() != ffi::F32 && w->element_type() != ffi::BF16)
+      return ffi::Error::InvalidArgument("jaxspec cpu panels: weights must be float32 or bfloat16");
+    weights[i] = Weight{w->untyped_data(), (*y)->typed_data(), n, wd[0], w->element_type() == ffi::BF16};
+    total_panels += wd[0];
+    elems += k * n;
+  }
+  if (t == 0) return ffi::Error::Success();
+  const bool avx2 = cpu_has_avx2();
+  // Units of work: ranges of at most kChunkPanels panels of one weight, about 8 per thread.
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t per = std::clamp<int64_t>(total_panels / (8 * threads), 1, kChunkPanels);
+  struct Unit {
+    int64_t w, p0, p1;
+  };
+  std::vector<Unit> units;
+  for (int64_t i = 0; i < static_cast<int64_t>(weights.size()); ++i)
+    for (int64_t p = 0; p < weights[i].p; p += per) units.push_back({i, p, std::min(weights[i].p, p + per)});
+  auto run = [&](int64_t u) { panels(x.typed_data(), t, k, weights[units[u].w], units[u].p0, units[u].p1, avx2); };
+  if (elems < kSerialBelow) {
+    for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) run(u);
+  } else {
+    parallel_chunks(pool, static_cast<int64_t>(units.size()), run);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulPanels, MatmulPanels,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .RemainingArgs()
+                                  .RemainingRets());

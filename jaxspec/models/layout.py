@@ -1,0 +1,138 @@
+"""How weight matrices are laid out in memory, and the one place that changes it.
+
+jaxspec's params hold a projection as ``w [K, N]`` (``[in, out]``). On CPU the small-T kernel
+is faster over the same weights laid out in panels (``Panels``: 16 output columns contiguous
+along K, ``jaxspec/kernels/cpu_panels.cc``, ``docs/cpu_kernel.md``): one weight load feeds every
+row of a verify window from registers, and each thread streams whole panels.
+
+``Panels`` is a pytree (one leaf, the panel array) that ``models.linear`` takes wherever it takes
+a ``[K, N]`` matrix, on every backend, with gradients, so a params tree holding it runs,
+differentiates and updates (optax) like one holding plain arrays; its gradients come back in
+the same layout. ``for_kernel(params)`` lays out a decoder's params for the CPU kernel (the
+projection matrices of every layer); ``as_arrays`` undoes it (to save, convert or shard).
+
+Who calls it: ``jaxspec.load`` lays out what it loads where ``wanted`` (a CPU backend with the
+kernel on, no mesh), so a loaded model holds one copy of its weights, in panels; ``generate``
+lays out a params tree of the user's that is not yet (``for_run``: once per tree, cached while
+its arrays live), which holds a second copy of the projection weights beside the user's.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import weakref
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.kernels import cpu_matmul
+
+PANEL = cpu_matmul.PANEL
+# The params keys of a decoder layer (``jaxspec.models.decoder``) that are ``[K, N]`` projection
+# matrices read only through ``models.linear``: the ones ``for_kernel`` lays out.
+PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Panels:
+    """A ``[K, N]`` weight matrix stored as its panels.
+
+    Attributes:
+      data: ``[ceil(N / 16), K, 16]``, the matrix's dtype: ``data[p, k, c] = w[k, 16 p + c]``,
+        zero past N (``cpu_matmul.pack_panels``).
+      n: N, the number of output columns (static).
+    """
+
+    data: jax.Array
+    n: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The matrix's logical shape ``(K, N)``."""
+        return (self.data.shape[-2], self.n)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    ndim = 2
+
+    def unpack(self) -> jax.Array:
+        """The ``[K, N]`` matrix."""
+        return cpu_matmul.unpack_panels(self.data, self.n)
+
+
+def pack(w: jax.Array) -> Panels:
+    """``w [K, N]`` (any float dtype) as ``Panels`` (a copy of the weights in the new layout).
+
+    Raises:
+      ValueError: ``w`` is not 2-D.
+    """
+    if w.ndim != 2:
+        raise ValueError(f"pack takes a [K, N] matrix, got shape {tuple(w.shape)}")
+    return Panels(cpu_matmul.pack_panels(w), int(w.shape[1]))
+
+
+def for_kernel(params: dict) -> dict:
+    """A decoder's ``params`` (``jaxspec.models.decoder``) with every layer's projection matrices
+    (``PROJECTIONS``) as ``Panels``; everything else (embeddings, norms, biases, an untied
+    ``lm_head``) the same arrays. Matrices already in panels are kept. A copy of those weights:
+    keep one of the two trees, not both, where memory is short."""
+    layers = [{key: pack(w) if key in PROJECTIONS and not isinstance(w, Panels) else w for key, w in layer.items()}
+              for layer in params["layers"]]
+    return {**params, "layers": layers}
+
+
+def as_arrays(params):
+    """``params`` with every ``Panels`` leaf back as its ``[K, N]`` array (any pytree)."""
+    return jax.tree.map(lambda w: w.unpack() if isinstance(w, Panels) else w, params,
+                        is_leaf=lambda w: isinstance(w, Panels))
+
+
+def has_panels(params) -> bool:
+    """Whether any matrix in ``params`` is laid out in panels."""
+    leaves = jax.tree.leaves(params, is_leaf=lambda w: isinstance(w, Panels))
+    return any(isinstance(w, Panels) for w in leaves)
+
+
+def wanted(config, mesh=None) -> bool:
+    """Whether params of ``config`` run laid out in panels here: jaxspec's decoder (a
+    ``ModelConfig``, not a model of the user's own), no mesh, the default backend CPU and the
+    kernel's products on (``cpu_matmul.active("matmul")``)."""
+    from jaxspec.config import ModelConfig
+
+    return (isinstance(config, ModelConfig) and mesh is None and jax.default_backend() == "cpu"
+            and cpu_matmul.active("matmul"))
+
+
+def _is_decoder_params(params) -> bool:
+    return (isinstance(params, dict) and isinstance(params.get("layers"), (list, tuple))
+            and all(isinstance(layer, dict) for layer in params["layers"]))
+
+
+_LAID_OUT: collections.OrderedDict = collections.OrderedDict()  # ids of the matrices -> (weak refs, laid out)
+_KEEP = 4  # params trees whose laid-out copies ``for_run`` keeps
+
+
+def for_run(params, config, mesh=None):
+    """``params`` as ``generate`` runs them: ``for_kernel(params)`` where ``wanted(config, mesh)``
+    and the tree is a decoder's with matrices not yet in panels, else ``params`` unchanged.
+    The copy is made once per tree and reused while the tree's arrays live (the last ``_KEEP``
+    trees), so a loop of ``generate`` calls over the same params pays it once."""
+    if not (_is_decoder_params(params) and wanted(config, mesh)):
+        return params
+    mats = [layer[key] for layer in params["layers"] for key in PROJECTIONS if key in layer]
+    if not mats or all(isinstance(w, Panels) for w in mats):
+        return params
+    key = tuple(id(w) for w in mats)
+    hit = _LAID_OUT.get(key)
+    if hit is not None and all(ref() is w for ref, w in zip(hit[0], mats)):
+        _LAID_OUT.move_to_end(key)
+        return hit[1]
+    laid_out = for_kernel(params)
+    _LAID_OUT[key] = ([weakref.ref(w) for w in mats], laid_out)
+    while len(_LAID_OUT) > _KEEP:
+        _LAID_OUT.popitem(last=False)
+    return laid_out
