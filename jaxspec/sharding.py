@@ -229,11 +229,15 @@ def shard_params(params: dict, config: ModelConfig, mesh: Mesh, sharded: bool = 
     (by an earlier call or ``jaxspec.load(..., mesh=)``) are returned as they are.
 
     Args:
-      params: pytree in the ``jaxspec.models.decoder`` layout for ``config``.
+      params: pytree in the ``jaxspec.models.decoder`` layout for ``config`` (matrices as
+        arrays or ``layout.Panels``; placed as arrays).
 
     Raises:
       ValueError: the ``model`` axis does not divide the heads, MLP width or vocabulary.
     """
+    from jaxspec.models import layout
+
+    params = layout.as_arrays(params)  # a CPU load's matrices in panels: shards split plain [K, N] arrays
     n, mesh = mesh_sizes(mesh)[1], auto_axes(mesh)
     if not sharded:
         return jax.tree_util.tree_map(lambda x: put(x, NamedSharding(mesh, P())), params)

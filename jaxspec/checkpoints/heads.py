@@ -47,12 +47,22 @@ def _leaf_name(path) -> str:
 def fingerprint(params: Any) -> str:
     """A fingerprint of a model's weights, independent of the dtype they were loaded in:
     sha256 over every tensor's name, shape and ``FINGERPRINT_SAMPLES`` evenly strided
-    elements rounded to bfloat16 (a float32 and a bfloat16 load of one checkpoint agree)."""
+    elements rounded to bfloat16 (a float32 and a bfloat16 load of one checkpoint agree, and so
+    do the same weights as plain arrays or laid out in panels, ``jaxspec.models.layout``)."""
+    from jaxspec.models.layout import Panels
+
     h = hashlib.sha256()
-    for path, x in sorted(jax.tree_util.tree_flatten_with_path(params)[0], key=lambda kv: _leaf_name(kv[0])):
-        flat = jnp.ravel(x)
-        stride = max(1, flat.shape[0] // FINGERPRINT_SAMPLES)
-        sample = np.asarray(jax.device_get(flat[::stride][:FINGERPRINT_SAMPLES].astype(jnp.bfloat16)))
+    leaves = jax.tree_util.tree_flatten_with_path(params, is_leaf=lambda x: isinstance(x, Panels))[0]
+    for path, x in sorted(leaves, key=lambda kv: _leaf_name(kv[0])):
+        size = int(np.prod(x.shape))
+        stride = max(1, size // FINGERPRINT_SAMPLES)
+        idx = jnp.arange(0, size, stride)[:FINGERPRINT_SAMPLES]
+        if isinstance(x, Panels):  # the [K, N] matrix's elements, read from its panels (no copy)
+            k, n = idx // x.n, idx % x.n
+            picked = x.data[n // x.data.shape[-1], k, n % x.data.shape[-1]]
+        else:
+            picked = jnp.ravel(x)[idx]
+        sample = np.asarray(jax.device_get(picked.astype(jnp.bfloat16)))
         h.update(f"{_leaf_name(path)}{tuple(x.shape)}".encode())
         h.update(sample.view(np.uint16).tobytes())
     return h.hexdigest()

@@ -82,7 +82,7 @@ def _without_index(layer: dict) -> dict:
 
 def params_from_jaxspec(params: dict, config: ModelConfig) -> dict:
     """The gemma library's ``"params"`` tree of a Gemma 3 in jaxspec's layout
-    (``jaxspec.models.decoder``), same dtype.
+    (``jaxspec.models.decoder``; matrices as arrays or ``layout.Panels``), same dtype.
 
     Raises:
       ValueError: ``config`` is not a Gemma 3 (``family`` gemma3, tied embeddings).
@@ -90,6 +90,9 @@ def params_from_jaxspec(params: dict, config: ModelConfig) -> dict:
     if config.family != "gemma3" or not config.tie_embeddings:
         raise ValueError(f"params_from_jaxspec maps a Gemma 3 (family gemma3, tied embeddings), got {config.name} "
                          f"(family {config.family})")
+    from jaxspec.models import layout
+
+    params = layout.as_arrays(params)  # a CPU load's matrices in panels: the library takes plain arrays
     d, n, k, h = config.dim, config.n_heads, config.n_kv_heads, config.head_dim
     out = {"embedder": {"input_embedding": params["embed"]}, "final_norm": {"scale": params["final_norm"]}}
     for i, layer in enumerate(params["layers"]):
