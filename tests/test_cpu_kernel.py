@@ -470,7 +470,7 @@ def test_disabled_turns_off_one_part_and_keys_the_program(tiny):
     x, w = _operands(13, 37, 3, jnp.float32)
     assert cpu_matmul.active_parts() == cpu_matmul.PARTS and attention_mod.kernel_applies(q, k, v, None)
     with cpu_matmul.disabled("attention"):
-        assert cpu_matmul.active_parts() == ("matmul",)
+        assert cpu_matmul.active_parts() == ("matmul", "panels")
         assert not attention_mod.kernel_applies(q, k, v, None) and linear_mod.kernel_applies(jnp.asarray(x), w)
         off = tiny.generate(tiny.prompts[:1], "ngram", gamma=4, max_new_tokens=8)
     with cpu_matmul.disabled():
@@ -478,6 +478,6 @@ def test_disabled_turns_off_one_part_and_keys_the_program(tiny):
     assert cpu_matmul.active_parts() == cpu_matmul.PARTS
     on = tiny.generate(tiny.prompts[:1], "ngram", gamma=4, max_new_tokens=8)
     assert on.metrics.compile_s > 0 and off.tokens == on.tokens
-    with pytest.raises(ValueError, match=r"parts must be among \('matmul', 'attention'\), got \['rope'\]"):
+    with pytest.raises(ValueError, match=r"parts must be among \('matmul', 'attention', 'panels'\), got \['rope'\]"):
         with cpu_matmul.disabled("rope"):
             pass

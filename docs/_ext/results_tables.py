@@ -31,6 +31,8 @@ RESULTS = {
     "small_matmul_panels_cpu": ("benchmarks/results/small_matmul_1536x8960_cpu_2026-12-07.json", "small_matmul"),
     "pass_cost_panels_cpu": ("benchmarks/results/pass_cost_smollm2-135m-float32_cpu_2026-12-07.json", "pass_cost"),
     "pass_cost_panels_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_cost"),
+    "spec_bench_smollm2_panels": ("benchmarks/results/spec_bench_smollm2-135m-panels_cpu_2026-12-07.json", "spec_bench"),
+    "spec_bench_smollm2_panels_bf16": ("benchmarks/results/spec_bench_smollm2-135m-panels-bfloat16_cpu_2026-12-07.json", "spec_bench"),
     "spec_bench_smollm2_attention": ("benchmarks/results/spec_bench_smollm2-135m-attention_cpu_2026-12-07.json", "spec_bench"),
     "exact_logprobs_smollm2": ("benchmarks/results/exact_logprobs_smollm2-135m_cpu_2026-12-07.json", "exact_logprobs"),
     "batch_sweep_smollm2": ("benchmarks/results/batch_sweep_smollm2-135m_cpu_2026-12-02.json", "batch_sweep"),

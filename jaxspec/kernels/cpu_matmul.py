@@ -128,9 +128,10 @@ def enabled(path: str | None = None) -> bool:
 
 
 # What the kernels replace, each a part ``disabled`` can turn off on its own: the weight products
-# (``jaxspec.models.linear``), and the attention with RoPE (``jaxspec.models.attention``,
-# ``jaxspec.models.rope``).
-PARTS = ("matmul", "attention")
+# (``jaxspec.models.linear``), the attention with RoPE (``jaxspec.models.attention``,
+# ``jaxspec.models.rope``), and the panel layout ``generate`` gives a params tree of plain
+# matrices (``jaxspec.models.layout.for_run``; off: the products run over the matrices as given).
+PARTS = ("matmul", "attention", "panels")
 
 
 @contextlib.contextmanager

@@ -100,11 +100,12 @@ def has_panels(params) -> bool:
 def wanted(config, mesh=None) -> bool:
     """Whether params of ``config`` run laid out in panels here: jaxspec's decoder (a
     ``ModelConfig``, not a model of the user's own), no mesh, the default backend CPU and the
-    kernel's products on (``cpu_matmul.active("matmul")``)."""
+    kernel's products and panels on (``cpu_matmul.active``; ``cpu_matmul.disabled("panels")``
+    keeps plain matrices plain, for an A/B)."""
     from jaxspec.config import ModelConfig
 
     return (isinstance(config, ModelConfig) and mesh is None and jax.default_backend() == "cpu"
-            and cpu_matmul.active("matmul"))
+            and cpu_matmul.active("matmul") and cpu_matmul.active("panels"))
 
 
 def _is_decoder_params(params) -> bool:

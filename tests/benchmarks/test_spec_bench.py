@@ -156,8 +156,12 @@ def test_method_names():
     m = spec_bench.parse_method("ngram_g4@xla_attention")  # one CPU kernel part off: its A/B in one run
     assert (m.name, m.kind, m.gamma, m.xla_part) == ("ngram_g4@xla_attention", "ngram", 4, "attention")
     assert spec_bench.parse_method("ngram_g4").xla_part is None
+    m = spec_bench.parse_method("plain@kn")  # the products over plain [K, N] matrices: the panel layout's A/B
+    assert (m.kind, m.plain_matrices, m.xla_part) == ("plain", True, None)
+    assert spec_bench.parse_method("plain@xla_matmul").plain_matrices and not spec_bench.parse_method("plain").plain_matrices
     for bad in ("ngram_x4", "plain_g4", "plain_xla_g4", "eagle_b2", "medusa_n8", "medusa2", "ngram_g4_c30", "medusa_g4_c30",
-                "ngram_g4@attention", "ngram_g4@xla_rope", "plain_xla@xla_matmul", "hf_plain@xla_matmul"):
+                "ngram_g4@attention", "ngram_g4@xla_rope", "plain_xla@xla_matmul", "hf_plain@xla_matmul", "hf_plain@kn",
+                "plain_xla@kn"):
         with pytest.raises(ValueError, match="method"):
             spec_bench.parse_method(bad)
 
