@@ -20,7 +20,7 @@
 // Blocking: a panel is walked in blocks of kKc k's (16 KB of float32 panel, which stays in L1
 // while every group of x rows passes over it); the T rows go in groups of at most kRows (the
 // group sizes balanced: T = 8 runs as 4 + 4). A group's partial sums go to a small buffer
-// between k blocks and come back unchanged.
+// between k blocks and come back unchanged. The second group prefetches the next block.
 //
 // Row invariance: every y[t, n] is one sequential float32 chain over k = 0 .. K-1
 // (acc = fma(x[t, k], W[k, n], acc) from 0 on the AVX2 path; acc = acc + x * w, unfused, on the
@@ -87,7 +87,7 @@ void tile_portable(const float* x, int64_t ldx, const void* w, int64_t kc, float
 
 template <int R, bool BF16>
 __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t ldx, const void* w, int64_t kc, float* part,
-                                                    bool first) {
+                                                    bool first, const char* ahead) {
   static_assert(R >= 1 && R <= kRows, "rows per tile");
 #define JAXSPEC_INIT(r)                                                       \
   __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = _mm256_setzero_ps();        \
@@ -99,6 +99,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t ldx, 
 #undef JAXSPEC_INIT
   for (int64_t k = 0; k < kc; ++k) {
     const __m256 w0 = load_w8<BF16>(w, k * kPanel), w1 = load_w8<BF16>(w, k * kPanel + 8);
+    if (ahead && (k & 1) == 0) _mm_prefetch(ahead + 32 * k, _MM_HINT_T1);
 #define JAXSPEC_FMA(r)                                                        \
     if (R > r) {                                                              \
       const __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);                 \
@@ -118,7 +119,7 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t ldx, 
 }
 #undef JAXSPEC_ROWS
 
-using Tile = void (*)(const float*, int64_t, const void*, int64_t, float*, bool);
+using Tile = void (*)(const float*, int64_t, const void*, int64_t, float*, bool, const char*);
 template <bool BF16>
 constexpr Tile kTiles[kRows] = {tile_avx2<1, BF16>, tile_avx2<2, BF16>, tile_avx2<3, BF16>,
                                 tile_avx2<4, BF16>, tile_avx2<5, BF16>, tile_avx2<6, BF16>};
@@ -145,7 +146,12 @@ void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, i
         float* pg = part + starts[g] * kPanel;
 #ifdef JAXSPEC_X86
         if (avx2) {
-          (w.bf16 ? kTiles<true> : kTiles<false>)[sizes[g] - 1](xg, k, wb, kc, pg, k0 == 0);
+          // The second group reads the block from L1: no demand miss leads the hardware prefetcher
+          // on meanwhile, so this group asks for the next block (into L2), one line per two k:
+          // 128 lines, all of a bfloat16 block and half of a float32 one (measured: T = 8 and 9
+          // about 15% faster in float32; every line of a float32 block, no faster than none).
+          const char* ahead = g == 1 ? static_cast<const char*>(wb) + kc * kPanel * esize : nullptr;
+          (w.bf16 ? kTiles<true> : kTiles<false>)[sizes[g] - 1](xg, k, wb, kc, pg, k0 == 0, ahead);
           continue;
         }
 #endif
