@@ -20,7 +20,8 @@
 // Blocking: a panel is walked in blocks of kKc k's (16 KB of float32 panel, which stays in L1
 // while every group of x rows passes over it); the T rows go in groups of at most kRows (the
 // group sizes balanced: T = 8 runs as 4 + 4). A group's partial sums go to a small buffer
-// between k blocks and come back unchanged. The second group prefetches the next block.
+// between k blocks and come back unchanged. The second group prefetches the next block. A pass
+// of 1-3 rows takes two panels at once (tile2_avx2).
 //
 // Row invariance: every y[t, n] is one sequential float32 chain over k = 0 .. K-1
 // (acc = fma(x[t, k], W[k, n], acc) from 0 on the AVX2 path; acc = acc + x * w, unfused, on the
@@ -119,6 +120,52 @@ __attribute__((target("avx2,fma"))) void tile_avx2(const float* x, int64_t ldx, 
 }
 #undef JAXSPEC_ROWS
 
+// Two panels at once for up to 3 rows (12 accumulators): twice the independent chains and two
+// streams for a 1- to 3-token pass, which is bound by the weight stream. Each output's chain is
+// tile_avx2's.
+template <int R, bool BF16>
+__attribute__((target("avx2,fma"))) void tile2_avx2(const float* x, int64_t ldx, const void* wa, const void* wb,
+                                                     int64_t kc, float* pa, float* pb, bool first) {
+  static_assert(R >= 1 && R <= 3, "rows per two-panel tile");
+#define JAXSPEC_INIT2(r)                                                              \
+  __m256 a##r##0 = _mm256_setzero_ps(), a##r##1 = a##r##0, b##r##0 = a##r##0, b##r##1 = a##r##0; \
+  if (R > r && !first) {                                                              \
+    a##r##0 = _mm256_loadu_ps(pa + r * kPanel);                                       \
+    a##r##1 = _mm256_loadu_ps(pa + r * kPanel + 8);                                   \
+    b##r##0 = _mm256_loadu_ps(pb + r * kPanel);                                       \
+    b##r##1 = _mm256_loadu_ps(pb + r * kPanel + 8);                                   \
+  }
+  JAXSPEC_INIT2(0) JAXSPEC_INIT2(1) JAXSPEC_INIT2(2)
+#undef JAXSPEC_INIT2
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 u0 = load_w8<BF16>(wa, k * kPanel), u1 = load_w8<BF16>(wa, k * kPanel + 8);
+    const __m256 v0 = load_w8<BF16>(wb, k * kPanel), v1 = load_w8<BF16>(wb, k * kPanel + 8);
+#define JAXSPEC_FMA2(r)                                                               \
+    if (R > r) {                                                                      \
+      const __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);                         \
+      a##r##0 = _mm256_fmadd_ps(xb, u0, a##r##0);                                     \
+      a##r##1 = _mm256_fmadd_ps(xb, u1, a##r##1);                                     \
+      b##r##0 = _mm256_fmadd_ps(xb, v0, b##r##0);                                     \
+      b##r##1 = _mm256_fmadd_ps(xb, v1, b##r##1);                                     \
+    }
+    JAXSPEC_FMA2(0) JAXSPEC_FMA2(1) JAXSPEC_FMA2(2)
+#undef JAXSPEC_FMA2
+  }
+#define JAXSPEC_STORE2(r)                                                             \
+  if (R > r) {                                                                        \
+    _mm256_storeu_ps(pa + r * kPanel, a##r##0);                                       \
+    _mm256_storeu_ps(pa + r * kPanel + 8, a##r##1);                                   \
+    _mm256_storeu_ps(pb + r * kPanel, b##r##0);                                       \
+    _mm256_storeu_ps(pb + r * kPanel + 8, b##r##1);                                   \
+  }
+  JAXSPEC_STORE2(0) JAXSPEC_STORE2(1) JAXSPEC_STORE2(2)
+#undef JAXSPEC_STORE2
+}
+
+using Tile2 = void (*)(const float*, int64_t, const void*, const void*, int64_t, float*, float*, bool);
+template <bool BF16>
+constexpr Tile2 kTiles2[3] = {tile2_avx2<1, BF16>, tile2_avx2<2, BF16>, tile2_avx2<3, BF16>};
+
 using Tile = void (*)(const float*, int64_t, const void*, int64_t, float*, bool, const char*);
 template <bool BF16>
 constexpr Tile kTiles[kRows] = {tile_avx2<1, BF16>, tile_avx2<2, BF16>, tile_avx2<3, BF16>,
@@ -136,7 +183,29 @@ void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, i
     t0 += sizes[g];
   }
   alignas(32) float part[kMaxT * kPanel];
-  for (int64_t p = p0; p < p1; ++p) {
+  int64_t p = p0;
+#ifdef JAXSPEC_X86
+  if (avx2 && t <= 3) {  // pairs of panels (tile2_avx2)
+    alignas(32) float part2[3 * kPanel];
+    for (; p + 1 < p1; p += 2) {
+      const char* pa = static_cast<const char*>(w.panels) + p * k * kPanel * esize;
+      const char* pb = pa + k * kPanel * esize;
+      for (int64_t k0 = 0; k0 < k; k0 += kKc)
+        (w.bf16 ? kTiles2<true> : kTiles2<false>)[t - 1](x + k0, k, pa + k0 * kPanel * esize, pb + k0 * kPanel * esize,
+                                                          std::min(kKc, k - k0), part, part2, k0 == 0);
+      for (int64_t r = 0; r < t; ++r) {
+        if (k == 0) {
+          std::fill(part + r * kPanel, part + r * kPanel + kPanel, 0.0f);
+          std::fill(part2 + r * kPanel, part2 + r * kPanel + kPanel, 0.0f);
+        }
+        std::memcpy(w.y + r * w.n + p * kPanel, part + r * kPanel, kPanel * sizeof(float));  // p + 1 < P: whole
+        const int64_t c1 = (p + 1) * kPanel;
+        std::memcpy(w.y + r * w.n + c1, part2 + r * kPanel, std::min(kPanel, w.n - c1) * sizeof(float));
+      }
+    }
+  }
+#endif
+  for (; p < p1; ++p) {
     const char* panel = static_cast<const char*>(w.panels) + p * k * kPanel * esize;
     for (int64_t k0 = 0; k0 < k; k0 += kKc) {
       const int64_t kc = std::min(kKc, k - k0);
