@@ -57,11 +57,7 @@ def fingerprint(params: Any) -> str:
         size = int(np.prod(x.shape))
         stride = max(1, size // FINGERPRINT_SAMPLES)
         idx = jnp.arange(0, size, stride)[:FINGERPRINT_SAMPLES]
-        if isinstance(x, Panels):  # the [K, N] matrix's elements, read from its panels (no copy)
-            k, n = idx // x.n, idx % x.n
-            picked = x.data[n // x.data.shape[-1], k, n % x.data.shape[-1]]
-        else:
-            picked = jnp.ravel(x)[idx]
+        picked = x.take_flat(idx) if isinstance(x, Panels) else jnp.ravel(x)[idx]  # a matrix in panels: no copy
         sample = np.asarray(jax.device_get(picked.astype(jnp.bfloat16)))
         h.update(f"{_leaf_name(path)}{tuple(x.shape)}".encode())
         h.update(sample.view(np.uint16).tobytes())

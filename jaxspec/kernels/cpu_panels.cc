@@ -172,6 +172,16 @@ constexpr Tile kTiles[kRows] = {tile_avx2<1, BF16>, tile_avx2<2, BF16>, tile_avx
                                 tile_avx2<4, BF16>, tile_avx2<5, BF16>, tile_avx2<6, BF16>};
 #endif
 
+// Panel p's columns of y's t rows from `part` (the rows' 16 sums, 16 floats apart; zeros when
+// K = 0, where no tile ran), the last panel's columns past N left out.
+void store_panel(const Weight& w, int64_t t, int64_t k, float* part, int64_t p) {
+  const int64_t c0 = p * kPanel, cols = std::min(kPanel, w.n - c0);
+  for (int64_t r = 0; r < t; ++r) {
+    if (k == 0) std::fill(part + r * kPanel, part + r * kPanel + kPanel, 0.0f);
+    std::memcpy(w.y + r * w.n + c0, part + r * kPanel, cols * sizeof(float));
+  }
+}
+
 // Panels [p0, p1) of one weight: y[:, 16 p0 .. 16 p1) = x @ W[:, those columns].
 void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, int64_t p1, bool avx2) {
   const int64_t esize = w.bf16 ? 2 : 4;
@@ -193,15 +203,8 @@ void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, i
       for (int64_t k0 = 0; k0 < k; k0 += kKc)
         (w.bf16 ? kTiles2<true> : kTiles2<false>)[t - 1](x + k0, k, pa + k0 * kPanel * esize, pb + k0 * kPanel * esize,
                                                           std::min(kKc, k - k0), part, part2, k0 == 0);
-      for (int64_t r = 0; r < t; ++r) {
-        if (k == 0) {
-          std::fill(part + r * kPanel, part + r * kPanel + kPanel, 0.0f);
-          std::fill(part2 + r * kPanel, part2 + r * kPanel + kPanel, 0.0f);
-        }
-        std::memcpy(w.y + r * w.n + p * kPanel, part + r * kPanel, kPanel * sizeof(float));  // p + 1 < P: whole
-        const int64_t c1 = (p + 1) * kPanel;
-        std::memcpy(w.y + r * w.n + c1, part2 + r * kPanel, std::min(kPanel, w.n - c1) * sizeof(float));
-      }
+      store_panel(w, t, k, part, p);
+      store_panel(w, t, k, part2, p + 1);
     }
   }
 #endif
@@ -227,11 +230,7 @@ void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, i
         (w.bf16 ? tile_portable<true> : tile_portable<false>)(xg, k, wb, kc, pg, sizes[g], k0 == 0);
       }
     }
-    const int64_t c0 = p * kPanel, cols = std::min(kPanel, w.n - c0);
-    for (int64_t r = 0; r < t; ++r) {
-      if (k == 0) std::fill(part + r * kPanel, part + r * kPanel + kPanel, 0.0f);
-      std::memcpy(w.y + r * w.n + c0, part + r * kPanel, cols * sizeof(float));
-    }
+    store_panel(w, t, k, part, p);
   }
 }
 

@@ -63,6 +63,12 @@ class Panels:
         """The ``[K, N]`` matrix."""
         return cpu_matmul.unpack_panels(self.data, self.n)
 
+    def take_flat(self, idx: jax.Array) -> jax.Array:
+        """The elements of the ``[K, N]`` matrix at flat (row-major) indices ``idx``, read from
+        the panels without unpacking them."""
+        k, n = idx // self.n, idx % self.n
+        return self.data[n // PANEL, k, n % PANEL]
+
 
 def pack(w: jax.Array) -> Panels:
     """``w [K, N]`` (any float dtype) as ``Panels`` (a copy of the weights in the new layout).
