@@ -9,8 +9,9 @@ with jaxspec's small-T kernel built (``jaxspec.kernels.cpu_matmul``), each pass 
 compiled with XLA's dot (``cpu_matmul.disabled()``) and the two are interleaved too
 (``--kernel both``, the default there): results ``<model>`` (kernel, over the weights as
 ``jaxspec.load`` lays them out there: projection matrices in panels, ``jaxspec.models.layout``),
-``<model>/kn`` (the kernel over plain ``[K, N]`` matrices) and ``<model>/xla`` (XLA's dot over
-plain matrices).
+``<model>/kn`` (the kernel over plain ``[K, N]`` matrices), ``<model>/plain_head`` (projections in
+panels, the output head a plain matrix: a tied ``[V, D]`` table through the ``[N, K]`` kernel;
+``--kernel layouts`` only) and ``<model>/xla`` (XLA's dot over plain matrices).
 
 Run from the repository root::
 
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
 
     # whether weight products take the kernel (JAXSPEC_CPU_KERNEL unset or 1; 0: XLA's dot)
     kernel = jax.default_backend() == "cpu" and cpu_matmul.active()
-    variants = {"both": ("", "/kn", "/xla"), "layouts": ("", "/kn"), "on": ("",), "off": ("/xla",)}[
+    variants = {"both": ("", "/kn", "/xla"), "layouts": ("", "/plain_head", "/kn"), "on": ("",), "off": ("/xla",)}[
         args.kernel if kernel else "on"]
     load_before = os.getloadavg()
     results = {}
@@ -77,6 +78,8 @@ def main(argv=None) -> int:
         model = jaxspec.load(name, dtype=args.dtype)
         cfg, params = model.config, model.params
         arrays = layout.as_arrays(params)  # plain [K, N] matrices (the same tree where none are in panels)
+        head = "lm_head" if "lm_head" in params else "embed"
+        plain_head = {**params, head: arrays[head]}
 
         def verify_fn(params, tokens, positions, cache, start, visible):
             mask = models.TreeMask(start, visible, positions)
@@ -92,7 +95,9 @@ def main(argv=None) -> int:
                 return off(*a)
 
         kn = jax.jit(lambda *a: verify_fn(*a), compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
-        passes = {name + v: {"": (on, params), "/kn": (kn, arrays), "/xla": (xla_verify, arrays)}[v] for v in variants}
+        ph = jax.jit(lambda *a: verify_fn(*a), compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
+        passes = {name + v: {"": (on, params), "/plain_head": (ph, plain_head), "/kn": (kn, arrays),
+                             "/xla": (xla_verify, arrays)}[v] for v in variants}
         calls = {}
         for t in widths:
             tokens = jnp.asarray(np.random.default_rng(t).integers(0, cfg.vocab_size, (1, t)), jnp.int32)
@@ -120,7 +125,7 @@ def main(argv=None) -> int:
             results[v] = {"ms": med, "ratio_to_T1": {t: med[t] / one for t in widths},
                           "all_ms": {t: [x * 1e3 for x in times[(v, t)]] for t in widths}}
             print(f"{v}: " + ", ".join(f"T={t} {med[t]:.1f} ms ({med[t] / one:.2f}x)" for t in widths), flush=True)
-        del model, params, arrays
+        del model, params, arrays, plain_head
 
     started = _dt.datetime.now(_dt.timezone.utc)
     stem = args.out or result_stem("pass_cost", args.models.replace(",", "-") + (f"-{args.dtype}" if args.dtype else ""), started)

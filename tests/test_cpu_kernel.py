@@ -116,10 +116,36 @@ def test_panels_layout_round_trip_and_errors():
     assert not np.asarray(p.data[2, :, 5:]).any()
     with pytest.raises(Exception, match="jaxspec cpu panels: shapes do not chain"):
         jax.jit(lambda x: cpu_matmul.matmul_panels(x, [p.data], [50])[0])(jnp.ones((2, 13)))
-    with pytest.raises(ValueError, match="pack takes a \\[K, N\\] matrix"):
+    with pytest.raises(ValueError, match="pack takes a 2-D matrix"):
         layout.pack(jnp.ones((2, 3, 4)))
     with pytest.raises(ValueError, match="x's last axis is 12"):
         linear_mod.linear(jnp.ones((2, 12)), p)
+
+
+def test_transposed_panels_are_the_table():
+    """A tied embedding table [V, D] laid out transposed (the head [D, V] in panels) is the
+    table to every reader: shape, unpack, np.asarray, lookups (take, both axes), flat elements;
+    linear(transposed=True) over it is the head's product, bitwise the row-invariant kernel's for
+    1 and 9 rows; linear without transposed refuses it, naming the flag."""
+    e = jnp.asarray(np.random.default_rng(6).standard_normal((37, 13), np.float32))  # [V, D]
+    t = layout.pack(e, transposed=True)
+    assert t.shape == (37, 13) and t.data.shape == (3, 13, 16) and t.transposed
+    np.testing.assert_array_equal(np.asarray(t), np.asarray(e))
+    ids = jnp.asarray([[0, 36, 17], [12, 5, 3]])
+    np.testing.assert_array_equal(np.asarray(jax.jit(layout.take)(t, ids)), np.asarray(e)[np.asarray(ids)])
+    np.testing.assert_array_equal(np.asarray(layout.take(t, ids[1], axis=1)), np.asarray(e)[:, np.asarray(ids[1])])
+    flat = jnp.asarray([0, 12, 13, 200, 37 * 13 - 1])
+    np.testing.assert_array_equal(np.asarray(t.take_flat(flat)), np.asarray(e).ravel()[np.asarray(flat)])
+    p = layout.pack(e.T)  # the same head, not transposed: columns are the table's rows
+    np.testing.assert_array_equal(np.asarray(layout.take(p, ids[0], axis=1)), np.asarray(e)[np.asarray(ids[0])].T)
+    x = jnp.asarray(np.random.default_rng(7).standard_normal((9, 13), np.float32))
+    head = jax.jit(functools.partial(linear_mod.linear, transposed=True))
+    y9, y1 = np.asarray(head(x, t)), np.asarray(head(x[4:5], t))
+    np.testing.assert_array_equal(y9, np.asarray(jax.jit(linear_mod.linear)(x, p)))
+    np.testing.assert_array_equal(y9[4:5], y1)
+    np.testing.assert_allclose(y9, np.asarray(x) @ np.asarray(e).T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="Panels.transposed=True"):
+        linear_mod.linear(x, t)
 
 
 def test_linear_dispatch_and_shapes():
@@ -229,7 +255,9 @@ def test_params_laid_out_once_and_back(tiny, tmp_path):
     laid = layout.for_run(params, tiny.cfg)
     assert layout.has_panels(laid) and not layout.has_panels(params)
     assert layout.for_run(params, tiny.cfg) is laid and layout.for_run(laid, tiny.cfg) is laid
-    assert isinstance(laid["layers"][0]["w_down"], layout.Panels) and laid["embed"] is params["embed"]
+    assert isinstance(laid["layers"][0]["w_down"], layout.Panels) and laid["final_norm"] is params["final_norm"]
+    head = laid["lm_head" if "lm_head" in params else "embed"]
+    assert isinstance(head, layout.Panels) and head.transposed == ("lm_head" not in params)
     for got, want in zip(jax.tree.leaves(layout.as_arrays(laid)), jax.tree.leaves(params)):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     ngram = jaxspec.NGramDrafter(gamma=3)

@@ -150,7 +150,8 @@ def pass_cost(path: str, d: dict) -> str:
     s = d["settings"]
     md += ["", f"One target pass over T new tokens, {s.get('dtype') or 'float32'} weights, {s['slots']}-slot cache, "
            f"medians of {s['reps']} interleaved calls; `/xla`: the same pass with XLA's dot for the weight products; "
-           f"`/kn`: the kernel over plain `[K, N]` matrices (from 2026-12-07 the unmarked row runs them in panels)."]
+           f"`/kn`: the kernel over plain `[K, N]` matrices (from 2026-12-07 the unmarked row runs them in panels); "
+           f"`/plain_head`: projections in panels, the output head a plain matrix."]
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
 
 

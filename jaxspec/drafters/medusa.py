@@ -31,6 +31,7 @@ import numpy as np
 from jaxspec import models
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import Capabilities, Unsplit, check_int
+from jaxspec.models import layout
 from jaxspec.models.linear import linear
 from jaxspec.models.target import require_decoder
 from jaxspec.tree import Proposal
@@ -49,8 +50,8 @@ def output_rows(target_params: dict, config: ModelConfig, d2t: jax.Array) -> jax
     """The target output head's rows of the draft vocabulary ``d2t`` (int32 ``[Vd]``):
     ``[Vd, D]`` in the head's dtype (the tied embedding's rows, or ``lm_head``'s columns)."""
     if config.tie_embeddings:
-        return jnp.take(target_params["embed"], d2t, axis=0)
-    return jnp.take(target_params["lm_head"], d2t, axis=1).T
+        return layout.take(target_params["embed"], d2t, axis=0)
+    return layout.take(target_params["lm_head"], d2t, axis=1).T
 
 
 def head_logits(params: dict, config: ModelConfig, hidden: jax.Array, i: int) -> jax.Array:

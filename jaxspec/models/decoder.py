@@ -53,7 +53,7 @@ import numpy as np
 
 from jaxspec.cache import KVCache, write
 from jaxspec.config import ModelConfig
-from jaxspec.models import rope
+from jaxspec.models import layout, rope
 from jaxspec.models.attention import attention
 from jaxspec.models.linear import linear, linears
 
@@ -114,17 +114,18 @@ def embed(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Array:
 
     Under tensor parallelism ``params["embed"]`` is this shard's vocabulary slice
     ``[V / n, D]`` (shard i holds ids ``i * V / n ..``): ids outside it give zeros and the
-    sum over shards has exactly one non-zero term (Megatron-LM's parallel embedding).
+    sum over shards has exactly one non-zero term (Megatron-LM's parallel embedding). The table
+    may be ``layout.Panels`` (a tied head laid out for the CPU kernel): rows read in place.
     """
     table = params["embed"]
     if config.tp_axis:
         v_local = table.shape[0]
         local = tokens - jax.lax.axis_index(config.tp_axis) * v_local
         mine = (local >= 0) & (local < v_local)
-        x = jnp.where(mine[..., None], jnp.take(table, jnp.clip(local, 0, v_local - 1), axis=0), 0)
+        x = jnp.where(mine[..., None], layout.take(table, jnp.clip(local, 0, v_local - 1)), 0)
         x = jax.lax.psum(x, config.tp_axis)
     else:
-        x = jnp.take(table, tokens, axis=0)
+        x = layout.take(table, tokens)
     if config.embed_scale != 1.0:
         x = x * jnp.asarray(config.embed_scale, x.dtype)
     return x

@@ -9,12 +9,14 @@ row of a verify window from registers, and each thread streams whole panels.
 a ``[K, N]`` matrix, on every backend, with gradients, so a params tree holding it runs,
 differentiates and updates (optax) like one holding plain arrays; its gradients come back in
 the same layout. ``for_kernel(params)`` lays out a decoder's params for the CPU kernel (the
-projection matrices of every layer); ``as_arrays`` undoes it (to save, convert or shard).
+projection matrices of every layer and the output head: a tied embedding table is stored
+transposed, ``Panels.transposed``, and its lookups, ``take``, read the panels in place);
+``as_arrays`` undoes it (to save, convert or shard).
 
 Who calls it: ``jaxspec.load`` lays out what it loads where ``wanted`` (a CPU backend with the
 kernel on, no mesh), so a loaded model holds one copy of its weights, in panels; ``generate``
 lays out a params tree of the user's that is not yet (``for_run``: once per tree, cached while
-its arrays live), which holds a second copy of the projection weights beside the user's.
+its arrays live), which holds a second copy of those weights beside the user's.
 """
 
 from __future__ import annotations
@@ -37,58 +39,109 @@ PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Panels:
-    """A ``[K, N]`` weight matrix stored as its panels.
+    """A weight matrix stored as the panels of a ``[K, N]`` product operand.
 
     Attributes:
       data: ``[ceil(N / 16), K, 16]``, the matrix's dtype: ``data[p, k, c] = w[k, 16 p + c]``,
         zero past N (``cpu_matmul.pack_panels``).
       n: N, the number of output columns (static).
+      transposed: the matrix is ``w``'s transpose, ``[N, K]`` (static): a tied embedding table
+        ``[V, D]`` laid out as the output head ``[D, V]`` it also is; its rows (the lookups) are
+        the panels' columns. ``linear`` takes it with ``transposed=True``, as the table itself.
     """
 
     data: jax.Array
     n: int = dataclasses.field(metadata=dict(static=True))
+    transposed: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def shape(self) -> tuple[int, int]:
-        """The matrix's logical shape ``(K, N)``."""
-        return (self.data.shape[-2], self.n)
+        """The matrix's logical shape: ``(K, N)``, or ``(N, K)`` when ``transposed``."""
+        k = self.data.shape[-2]
+        return (self.n, k) if self.transposed else (k, self.n)
 
     @property
     def dtype(self):
         return self.data.dtype
 
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
     ndim = 2
 
     def unpack(self) -> jax.Array:
-        """The ``[K, N]`` matrix."""
-        return cpu_matmul.unpack_panels(self.data, self.n)
+        """The matrix (``shape``) as an array."""
+        w = cpu_matmul.unpack_panels(self.data, self.n)
+        return w.T if self.transposed else w
+
+    def __array__(self, dtype=None, copy=None):
+        import numpy as np
+
+        return np.asarray(self.unpack(), dtype=dtype)
+
+    def take(self, idx: jax.Array, axis: int) -> jax.Array:
+        """``jnp.take(self.unpack(), idx, axis=axis)`` (``idx`` integer, any shape, in range).
+        Along the panels' N axis (the rows of a ``transposed`` table: embedding lookups) it reads
+        the panels in place, one strided gather, without unpacking them."""
+        n_axis = 0 if self.transposed else 1
+        if axis not in (0, 1, -1, -2):
+            raise ValueError(f"Panels.take: axis must be 0 or 1 (a matrix), got {axis}")
+        if axis % 2 != n_axis:
+            return jnp.take(self.unpack(), idx, axis=axis)
+        cols = self.data[idx // PANEL, :, idx % PANEL]  # [*idx.shape, K]
+        return cols if self.transposed else jnp.moveaxis(cols, -1, 0)
 
     def take_flat(self, idx: jax.Array) -> jax.Array:
-        """The elements of the ``[K, N]`` matrix at flat (row-major) indices ``idx``, read from
-        the panels without unpacking them."""
-        k, n = idx // self.n, idx % self.n
+        """The matrix's elements at flat (row-major, logical ``shape``) indices ``idx``, read
+        from the panels without unpacking them."""
+        rows, cols = self.shape
+        r, c = idx // cols, idx % cols
+        k, n = (c, r) if self.transposed else (r, c)
         return self.data[n // PANEL, k, n % PANEL]
 
 
-def pack(w: jax.Array) -> Panels:
-    """``w [K, N]`` (any float dtype) as ``Panels`` (a copy of the weights in the new layout).
+def take(w, idx: jax.Array, axis: int = 0) -> jax.Array:
+    """``jnp.take(w, idx, axis=axis)`` for a matrix given as an array or as ``Panels`` (an
+    embedding lookup is ``take(params["embed"], tokens)``)."""
+    if isinstance(w, Panels):
+        return w.take(idx, axis)
+    return jnp.take(w, idx, axis=axis)
+
+
+def pack(w: jax.Array, transposed: bool = False) -> Panels:
+    """``w [K, N]`` (any float dtype) as ``Panels`` (a copy of the weights in the new layout);
+    with ``transposed``, ``w [N, K]`` (a tied embedding table) as the panels of ``w.T``.
 
     Raises:
       ValueError: ``w`` is not 2-D.
     """
     if w.ndim != 2:
-        raise ValueError(f"pack takes a [K, N] matrix, got shape {tuple(w.shape)}")
+        raise ValueError(f"pack takes a 2-D matrix, got shape {tuple(w.shape)}")
+    if transposed:
+        return Panels(cpu_matmul.pack_panels(w.T), int(w.shape[0]), True)
     return Panels(cpu_matmul.pack_panels(w), int(w.shape[1]))
 
 
+def _head_key(params: dict) -> str:
+    """The params key of a decoder's output head: ``lm_head`` ``[D, V]``, or the tied ``embed``."""
+    return "lm_head" if "lm_head" in params else "embed"
+
+
 def for_kernel(params: dict) -> dict:
-    """A decoder's ``params`` (``jaxspec.models.decoder``) with every layer's projection matrices
-    (``PROJECTIONS``) as ``Panels``; everything else (embeddings, norms, biases, an untied
-    ``lm_head``) the same arrays. Matrices already in panels are kept. A copy of those weights:
-    keep one of the two trees, not both, where memory is short."""
+    """A decoder's ``params`` (``jaxspec.models.decoder``) with the matrices its products read
+    as ``Panels``: every layer's projections (``PROJECTIONS``) and the output head (an untied
+    ``lm_head``, or a tied ``embed`` table as transposed panels, which lookups read in place);
+    everything else (norms, biases, an untied model's ``embed``) the same arrays. Matrices
+    already in panels are kept. A copy of those weights: keep one of the two trees, not both,
+    where memory is short."""
     layers = [{key: pack(w) if key in PROJECTIONS and not isinstance(w, Panels) else w for key, w in layer.items()}
               for layer in params["layers"]]
-    return {**params, "layers": layers}
+    out = {**params, "layers": layers}
+    head = _head_key(params)
+    if head in params and not isinstance(params[head], Panels):
+        out[head] = pack(params[head], transposed=head == "embed")
+    return out
 
 
 def as_arrays(params):
@@ -131,6 +184,8 @@ def for_run(params, config, mesh=None):
     if not (_is_decoder_params(params) and wanted(config, mesh)):
         return params
     mats = [layer[key] for layer in params["layers"] for key in PROJECTIONS if key in layer]
+    if _head_key(params) in params:
+        mats.append(params[_head_key(params)])
     if not mats or all(isinstance(w, Panels) for w in mats):
         return params
     key = tuple(id(w) for w in mats)

@@ -119,11 +119,14 @@ _panel_products.defvjp(_panel_products_fwd, _panel_products_bwd)
 
 
 def _check_chain(x, w, transposed):
-    """Panels take no ``transposed`` and must chain with x (plain arrays: ``jnp.einsum`` checks)."""
-    if transposed:
-        raise ValueError("linear(transposed=True) takes a [N, K] array, not Panels")
-    if x.shape[-1] != w.shape[0]:
-        raise ValueError(f"linear: x's last axis is {x.shape[-1]} but the weight is {w.shape} (K, N)")
+    """Panels must agree with ``transposed`` (a table stored transposed is read as one) and
+    chain with x (plain arrays: ``jnp.einsum`` checks)."""
+    if transposed != w.transposed:
+        raise ValueError(f"linear(transposed={transposed}) got Panels of a {'[N, K]' if w.transposed else '[K, N]'} "
+                         f"matrix (Panels.transposed={w.transposed})")
+    if x.shape[-1] != w.data.shape[-2]:
+        raise ValueError(f"linear: x's last axis is {x.shape[-1]} but the weight is {w.shape}"
+                         f" ({'N, K' if w.transposed else 'K, N'})")
 
 
 def kernel_applies(x: jax.Array, w: jax.Array) -> bool:
@@ -140,8 +143,8 @@ def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=No
 
     Args:
       x: ``[..., K]`` activations, any float dtype.
-      w: ``[K, N]`` (or ``[N, K]`` with ``transposed``) weights, or a ``[K, N]`` matrix as
-        ``layout.Panels``.
+      w: ``[K, N]`` (or ``[N, K]`` with ``transposed``) weights, as an array or as
+        ``layout.Panels`` (with ``transposed``, Panels stored transposed: a tied embedding table).
       transposed: contract w's minor axis instead of its major one.
       out_dtype: the result dtype (default: ``jnp.result_type(x, w)``), also the dot's
         accumulation type on the XLA path (``preferred_element_type``).
@@ -153,7 +156,7 @@ def linear(x: jax.Array, w: jax.Array, *, transposed: bool = False, out_dtype=No
 
     Raises:
       TypeError / ValueError: the shapes do not chain (from ``jnp.einsum`` for arrays);
-        ``Panels`` with ``transposed``.
+        ``Panels`` whose ``transposed`` is not ``transposed``.
     """
     out_dtype = jnp.dtype(out_dtype or jnp.result_type(x.dtype, w.dtype))
     if isinstance(w, Panels):
