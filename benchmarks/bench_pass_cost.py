@@ -2,8 +2,9 @@
 window of T - 1 nodes), on the real models we ship: what chooses node budgets on a machine.
 
 Each pass is the jitted ``jaxspec.models.forward`` exactly as the engine's verify step calls
-it (tokens written at the committed length, a tree mask of the window, 512-slot cache, 200
-committed tokens), timed as the median of ``--reps`` calls after two warm-ups, with the
+it (a tree mask of the window at the committed length, the window's keys and values kept apart
+from the cache, ``write=False``; 512-slot cache, 200 committed tokens; before 2026-12-07 the
+window was written into the cache, and each pass also copied the whole cache), timed as the median of ``--reps`` calls after two warm-ups, with the
 passes for the different T interleaved round-robin so machine load hits them alike. On a CPU
 with jaxspec's small-T kernel built (``jaxspec.kernels.cpu_matmul``), each pass is also
 compiled with XLA's dot (``cpu_matmul.disabled()``) and the two are interleaved too
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import os
 import statistics
@@ -40,6 +42,33 @@ def _switch_prefix() -> str:
     """``JAXSPEC_CPU_KERNEL=<v> `` when the kernel's switch is set in the environment."""
     v = os.environ.get("JAXSPEC_CPU_KERNEL")
     return "" if v is None else f"JAXSPEC_CPU_KERNEL={v} "
+
+
+def verify_pass(cfg, params, tokens, positions, cache, start, visible):
+    """The target's logits for a verify window, as the engine's verify step computes them: the
+    window attends to the cache and to its own keys and values, which are not written
+    (``write=False``; the engine writes the accepted path's afterwards). Writing here would
+    time a copy of the whole cache per pass (a jit argument that is not donated cannot be
+    updated in place), which the engine's loop, updating its cache in place, does not make."""
+    from jaxspec import models
+
+    mask = models.TreeMask(start, visible, positions)
+    return models.forward(params, cfg, tokens, positions, cache, mask=mask, write=False).logits
+
+
+def verify_args(cfg, dtype, t: int, slots: int, committed: int) -> tuple:
+    """``verify_pass``'s arguments after ``params`` for a chain window of ``t`` tokens written at
+    position ``committed`` of a ``slots``-slot cache (zeros) of ``dtype``, batch 1."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxspec.cache import KVCache
+
+    tokens = jnp.asarray(np.random.default_rng(t).integers(0, cfg.vocab_size, (1, t)), jnp.int32)
+    start = jnp.full((1,), committed, jnp.int32)
+    positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    visible = jnp.tril(jnp.ones((t, t), bool))[None]
+    return tokens, positions, KVCache.zeros(cfg, 1, slots, dtype), start, visible
 
 
 def main(argv=None) -> int:
@@ -59,12 +88,7 @@ def main(argv=None) -> int:
     widths = tuple(int(w) for w in args.widths.split(","))
 
     import jax
-    import jax.numpy as jnp
-    import numpy as np
-
     import jaxspec
-    from jaxspec import models
-    from jaxspec.cache import KVCache
     from jaxspec.kernels import cpu_matmul
     from jaxspec.models import layout
 
@@ -81,10 +105,7 @@ def main(argv=None) -> int:
         head = "lm_head" if "lm_head" in params else "embed"
         plain_head = {**params, head: arrays[head]}
 
-        def verify_fn(params, tokens, positions, cache, start, visible):
-            mask = models.TreeMask(start, visible, positions)
-            return models.forward(params, cfg, tokens, positions, cache, write_at=start, mask=mask).logits
-
+        verify_fn = functools.partial(verify_pass, cfg)
         # two function objects: jax.jit caches traces per function, and `off` must trace apart;
         # `on` compiled with the options jaxspec compiles its programs with (cpu_matmul.compiler_options)
         on = jax.jit(verify_fn, compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
@@ -100,12 +121,7 @@ def main(argv=None) -> int:
                              "/xla": (xla_verify, arrays)}[v] for v in variants}
         calls = {}
         for t in widths:
-            tokens = jnp.asarray(np.random.default_rng(t).integers(0, cfg.vocab_size, (1, t)), jnp.int32)
-            start = jnp.full((1,), args.committed, jnp.int32)
-            positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-            visible = jnp.tril(jnp.ones((t, t), bool))[None]
-            cache = KVCache.zeros(cfg, 1, args.slots, params["embed"].dtype)
-            calls[t] = (tokens, positions, cache, start, visible)
+            calls[t] = verify_args(cfg, params["embed"].dtype, t, args.slots, args.committed)
             for verify, p in passes.values():
                 for _ in range(2):
                     verify(p, *calls[t]).block_until_ready()

@@ -13,6 +13,12 @@ Run from the repository root::
 
     python -m benchmarks.profile_ops --model smollm2-135m --prompt-tokens 800 --max-new-tokens 64
     python -m benchmarks.profile_ops --drafter ngram --gamma 4      # a speculative call
+    python -m benchmarks.profile_ops --pass-widths 1,9 [--dtype bfloat16]  # one verify pass
+
+``--pass-widths`` profiles the verify pass of ``benchmarks.bench_pass_cost`` alone (``--reps``
+calls per width after two warm-ups) and reports ms per pass by instruction, each named with
+its kind: a custom call by its target (``jaxspec_cpu_matmul_panels``, the attention kernel),
+a fusion by its root op's kind, so the weight products can be told from the rest of the pass.
 
 Writes ``--out`` (JSON: command, machine, versions, settings, per-kind ms and counts) when given.
 """
@@ -37,9 +43,10 @@ from benchmarks.bench_env import machine_info, versions, write_record
 NOT_OPS = ("ThunkExecutor", "$", "np.", "SlinkyThreadPool", "end: ", "while", "conditional", "call")
 
 
-def op_times(trace_file: str) -> dict[str, tuple[float, int]]:
+def op_times(trace_file: str, keep_suffix: bool = False) -> dict[str, tuple[float, int]]:
     """``{op kind: (total ms, events)}`` of a Perfetto ``*.trace.json.gz``: complete events
-    ("ph" X) whose names are ops, summed by name without its numeric suffix."""
+    ("ph" X) whose names are ops, summed by name without its numeric suffix (with it, by
+    instruction, when ``keep_suffix``)."""
     with gzip.open(trace_file) as f:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
@@ -47,10 +54,83 @@ def op_times(trace_file: str) -> dict[str, tuple[float, int]]:
     for e in events:
         if e.get("ph") != "X" or e["name"].startswith(NOT_OPS):
             continue
-        kind = re.sub(r"\.\d+$", "", e["name"])
+        kind = e["name"] if keep_suffix else re.sub(r"\.\d+$", "", e["name"])
         ms[kind] += e.get("dur", 0) / 1e3
         count[kind] += 1
     return {k: (ms[k], count[k]) for k in sorted(ms, key=ms.get, reverse=True)}
+
+
+def instruction_kinds(hlo_text: str) -> dict[str, str]:
+    """``{instruction name: kind}`` from an optimized HLO module's text: a custom call's target,
+    a fusion's kind and its fused computation's root op (``loop:add``), else the opcode."""
+    roots = {}
+    comp = None
+    for line in hlo_text.splitlines():
+        m = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if m:
+            comp = m.group(1)
+        m = re.match(r"^\s+ROOT %?[\w.\-]+ = \S+ ([\w\-]+)\(", line)
+        if m and comp:
+            roots[comp] = m.group(1)
+    kinds = {}
+    for m in re.finditer(r"^\s+(?:ROOT )?%?([\w.\-]+) = .*? ([\w\-]+)\((.*)$", hlo_text, re.M):
+        name, op, rest = m.groups()
+        if op == "custom-call":
+            t = re.search(r'custom_call_target="([^"]+)"', rest)
+            kinds[name] = t.group(1) if t else op
+        elif op == "fusion":
+            k = re.search(r"kind=k(\w+)", rest)
+            c = re.search(r"calls=%?([\w.\-]+)", rest)
+            kinds[name] = f"fusion {k.group(1).lower() if k else ''}:{roots.get(c.group(1), '?') if c else '?'}"
+        else:
+            kinds[name] = op
+    return kinds
+
+
+def profile_passes(args, argv) -> int:
+    """``--pass-widths``: ms per verify pass by instruction kind, for each width."""
+    import jax
+
+    import jaxspec
+    from benchmarks.bench_pass_cost import verify_args, verify_pass
+    from jaxspec.kernels import cpu_matmul
+
+    started = _dt.datetime.now(_dt.timezone.utc)
+    model = jaxspec.load(args.model, dtype=args.dtype)
+    cfg, params = model.config, model.params
+    fn = jax.jit(lambda *a: verify_pass(cfg, *a), compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
+    record = {"command": "python -m benchmarks.profile_ops " + " ".join(sys.argv[1:] if argv is None else argv),
+              "started": started.isoformat(), "machine": {**machine_info(), "backend": jax.default_backend()},
+              "versions": versions(), "settings": vars(args), "widths": {}}
+    for t in (int(w) for w in args.pass_widths.split(",")):
+        call = verify_args(cfg, params["embed"].dtype, t, 512, 200)
+        kinds = instruction_kinds(fn.lower(params, *call).compile().as_text())
+        for _ in range(2):
+            fn(params, *call).block_until_ready()
+        with tempfile.TemporaryDirectory() as tmp:
+            jax.profiler.start_trace(tmp, create_perfetto_trace=True)
+            t0 = time.perf_counter()
+            for _ in range(args.reps):
+                fn(params, *call).block_until_ready()
+            wall = (time.perf_counter() - t0) / args.reps * 1e3
+            jax.profiler.stop_trace()
+            traces = glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"), recursive=True)
+            if not traces:
+                raise SystemExit(f"error: jax.profiler wrote no Perfetto trace under {tmp}")
+            ops = op_times(traces[0], keep_suffix=True)
+        by_kind = collections.Counter()
+        for name, (ms, _) in ops.items():
+            if name in kinds:  # the program's instructions, not the runtime's host spans
+                by_kind[kinds[name]] += ms / args.reps
+        total = sum(by_kind.values())
+        print(f"{args.model} {args.dtype or 'float32'} T={t}: {wall:.1f} ms per pass (wall, profiled), "
+              f"op time {total:.1f} ms (ops on all threads add up)")
+        for kind, ms in by_kind.most_common(args.top):
+            print(f"  {ms:7.2f} ms {100 * ms / total:5.1f}%  {kind}")
+        record["widths"][t] = {"wall_ms": wall, "op_ms": total, "by_kind_ms": dict(by_kind.most_common())}
+    if args.out:
+        write_record(record, args.out)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -62,7 +142,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--top", type=int, default=15, help="rows printed (15)")
     ap.add_argument("--out", default=None, help="JSON path (default: print only)")
+    ap.add_argument("--pass-widths", default=None, help="comma-separated T: profile one verify pass of T tokens instead")
+    ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="parameter dtype (jaxspec.load)")
+    ap.add_argument("--reps", type=int, default=20, help="profiled passes per width (--pass-widths)")
     args = ap.parse_args(argv)
+    if args.pass_widths:
+        return profile_passes(args, argv)
     if args.prompt_tokens < 1 or args.max_new_tokens < 2 or args.gamma < 1:
         ap.error("--prompt-tokens >= 1, --max-new-tokens >= 2 and --gamma >= 1 are required")
 

@@ -27,9 +27,11 @@
 // Masked keys are skipped, not weighted by exp(-inf) = 0 (the same sums either way, fewer
 // reads: only the slots a query sees are read, not the whole static-shape cache).
 //
-// Threads: one task per (batch row, KV head, query row); the H / K query heads that share a KV
-// head read each key and value row once (parallel_chunks, cpu_parallel.h). Compiled with
-// -ffp-contract=off (see cpu_matmul.cc).
+// Threads: one task per (batch row, KV head, chunk of up to kChunkQueries of its T * H / K
+// queries); a task reads each key and value row its queries see once (widened once when
+// bfloat16) and applies it to all of them, the dots of 4 queries interleaved; every query's
+// own sequence of operations is the one above, whatever its chunk (parallel_chunks,
+// cpu_parallel.h). Compiled with -ffp-contract=off (see cpu_matmul.cc).
 
 #include <cmath>
 #include <cstdint>
@@ -47,6 +49,9 @@ using jaxspec_cpu::cpu_has_avx2;
 using jaxspec_cpu::parallel_chunks;
 
 constexpr int64_t kMaxHeadDim = 512;
+// Queries (query rows x the heads of one KV head) per task: they share every key and value
+// read, and a window's queries still spread over the threads.
+constexpr int64_t kChunkQueries = 8;
 
 // Row `i` (h values) of a float32 or bfloat16 buffer, widened into `tmp` when bfloat16.
 inline const float* row(const void* base, bool bf16, int64_t i, int64_t h, float* tmp) {
@@ -70,11 +75,10 @@ void axpy_portable(float p, const float* v, float* out, int64_t h) {
 }
 
 #ifdef JAXSPEC_X86
-__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t h) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= h; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-  // fixed tree: (l0+l4, l1+l5, l2+l6, l3+l7), then pairs, then the last pair
+// The fixed tree of a dot's 8 lane sums, (l0+l4, l1+l5, l2+l6, l3+l7), then pairs, then the
+// last pair, followed by the h mod 8 tail from d on.
+__attribute__((target("avx2,fma"))) inline float finish_dot(__m256 acc, const float* a, const float* b, int64_t d,
+                                                            int64_t h) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
@@ -83,14 +87,45 @@ __attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* 
   return r;
 }
 
-__attribute__((target("avx2,fma"))) void axpy_avx2(float p, const float* v, float* out, int64_t h) {
-  const __m256 pv = _mm256_set1_ps(p);
+__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t h) {
+  __m256 acc = _mm256_setzero_ps();
   int64_t d = 0;
-  for (; d + 8 <= h; d += 8)
-    _mm256_storeu_ps(out + d, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + d), _mm256_loadu_ps(out + d)));
-  for (; d < h; ++d) out[d] = std::fma(p, v[d], out[d]);
+  for (; d + 8 <= h; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+  return finish_dot(acc, a, b, d, h);
 }
+
+// NQ queries (rows of qs, h apart) dotted with one key: each exactly dot_avx2's sequence, the
+// NQ chains interleaved so that they overlap.
+template <int NQ>
+__attribute__((target("avx2,fma"))) void dots_avx2(const float* qs, const float* k, int64_t h, float* out) {
+  __m256 acc[NQ];
+  for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= h; d += 8) {
+    const __m256 kd = _mm256_loadu_ps(k + d);
+    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * h + d), kd, acc[i]);
+  }
+  for (int i = 0; i < NQ; ++i) out[i] = finish_dot(acc[i], qs + i * h, k, d, h);
+}
+
 #endif
+
+// `nq` queries (rows of qs) dotted with key k, into out[0..nq).
+void dots(const float* qs, int64_t nq, const float* k, int64_t h, float* out, bool avx2) {
+#ifdef JAXSPEC_X86
+  if (avx2) {
+    int64_t i = 0;
+    for (; i + 4 <= nq; i += 4) dots_avx2<4>(qs + i * h, k, h, out + i);
+    switch (nq - i) {
+      case 3: dots_avx2<3>(qs + i * h, k, h, out + i); break;
+      case 2: dots_avx2<2>(qs + i * h, k, h, out + i); break;
+      case 1: dots_avx2<1>(qs + i * h, k, h, out + i); break;
+    }
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < nq; ++i) out[i] = dot_portable(qs + i * h, k, h);
+}
 
 struct Problem {
   const void *q, *kc, *vc, *kn, *vn;
@@ -101,67 +136,160 @@ struct Problem {
   float scale;
 };
 
-// Query row t of batch row b, the query heads of KV head kv.
-void attend(const Problem& p, int64_t b, int64_t kv, int64_t t, bool avx2) {
-  const int64_t g = p.n_heads / p.n_kv, h = p.h;
+// out = (sum over the keys j a query sees, in order, of p[j] * v_j) / denom, each element one
+// sequential chain of FMAs from 0 (one axpy per key), then one division.
+void weighted_values_portable(const float* p, const uint8_t* seen, const float* const* v, int64_t m, int64_t h,
+                              float denom, float* out) {
+  std::fill(out, out + h, 0.0f);
+  for (int64_t j = 0; j < m; ++j)
+    if (seen[j]) axpy_portable(p[j], v[j], out, h);
+  for (int64_t d = 0; d < h; ++d) out[d] = out[d] / denom;
+}
+
 #ifdef JAXSPEC_X86
-  auto dot = avx2 ? dot_avx2 : dot_portable;
-  auto axpy = avx2 ? axpy_avx2 : axpy_portable;
-#else
-  auto dot = dot_portable;
-  auto axpy = axpy_portable;
-#endif
-  thread_local std::vector<float> qs, scores, tmp, denom;
-  qs.resize(g * h);
-  tmp.resize(h);
-  // the visible keys, in order: (part, index)
-  thread_local std::vector<int64_t> keys;
-  keys.clear();
-  const bool* sc = p.seen_c + (b * p.t + t) * p.s;
-  for (int64_t j = 0; j < p.s; ++j)
-    if (sc[j]) keys.push_back(j);
-  const bool* sn = p.seen_n + (b * p.t + t) * p.n;
-  for (int64_t j = 0; j < p.n; ++j)
-    if (sn[j]) keys.push_back(p.s + j);
-  const int64_t m = static_cast<int64_t>(keys.size());
-  float* out = p.out + ((b * p.t + t) * p.n_heads + kv * g) * h;
-  if (m == 0) {  // nothing visible: zeros (XLA's softmax over an all-masked row gives NaN; never asked for)
-    std::fill(out, out + g * h, 0.0f);
-    return;
-  }
-  for (int64_t i = 0; i < g; ++i) {
-    const float* qi = row(p.q, p.q_bf16, (b * p.t + t) * p.n_heads + kv * g + i, h, tmp.data());
-    std::memcpy(qs.data() + i * h, qi, h * sizeof(float));
-  }
-  auto key_row = [&](int64_t key, bool values, float* buf) {
-    if (key < p.s)
-      return row(values ? p.vc : p.kc, p.c_bf16, (b * p.s + key) * p.n_kv + kv, h, buf);
-    return row(values ? p.vn : p.kn, p.n_bf16, (b * p.n + key - p.s) * p.n_kv + kv, h, buf);
-  };
-  scores.resize(g * m);
-  for (int64_t j = 0; j < m; ++j) {
-    const float* k = key_row(keys[j], false, tmp.data());
-    for (int64_t i = 0; i < g; ++i) scores[i * m + j] = dot(qs.data() + i * h, k, h) * p.scale;
-  }
-  denom.resize(g);
-  for (int64_t i = 0; i < g; ++i) {
-    float* si = scores.data() + i * m;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < m; ++j) mx = std::max(mx, si[j]);
-    float l = 0.0f;
+// weighted_values_portable's sums with 64 outputs at a time in registers: the same FMA per
+// element and key, in the same order.
+__attribute__((target("avx2,fma"))) void weighted_values_avx2(const float* p, const uint8_t* seen,
+                                                              const float* const* v, int64_t m, int64_t h,
+                                                              float denom, float* out) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= h; d0 += 64) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (int64_t j = 0; j < m; ++j) {
-      si[j] = std::exp(si[j] - mx);
-      l = l + si[j];
+      if (!seen[j]) continue;
+      const __m256 pv = _mm256_set1_ps(p[j]);
+      const float* vj = v[j] + d0;
+      a0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj), a0);
+      a1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 8), a1);
+      a2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 16), a2);
+      a3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 24), a3);
+      a4 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 32), a4);
+      a5 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 40), a5);
+      a6 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 48), a6);
+      a7 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 56), a7);
     }
-    denom[i] = l;
-    std::fill(out + i * h, out + (i + 1) * h, 0.0f);
+    const __m256 dv = _mm256_set1_ps(denom);
+    _mm256_storeu_ps(out + d0, _mm256_div_ps(a0, dv));
+    _mm256_storeu_ps(out + d0 + 8, _mm256_div_ps(a1, dv));
+    _mm256_storeu_ps(out + d0 + 16, _mm256_div_ps(a2, dv));
+    _mm256_storeu_ps(out + d0 + 24, _mm256_div_ps(a3, dv));
+    _mm256_storeu_ps(out + d0 + 32, _mm256_div_ps(a4, dv));
+    _mm256_storeu_ps(out + d0 + 40, _mm256_div_ps(a5, dv));
+    _mm256_storeu_ps(out + d0 + 48, _mm256_div_ps(a6, dv));
+    _mm256_storeu_ps(out + d0 + 56, _mm256_div_ps(a7, dv));
   }
+  for (; d0 + 8 <= h; d0 += 8) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t j = 0; j < m; ++j)
+      if (seen[j]) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v[j] + d0), a);
+    _mm256_storeu_ps(out + d0, _mm256_div_ps(a, _mm256_set1_ps(denom)));
+  }
+  for (; d0 < h; ++d0) {
+    float a = 0.0f;
+    for (int64_t j = 0; j < m; ++j)
+      if (seen[j]) a = std::fma(p[j], v[j][d0], a);
+    out[d0] = a / denom;
+  }
+}
+#endif
+
+// Queries q0 .. q0 + nq - 1 of batch row b and KV head kv, query qi being head kv * g + qi % g
+// of query row qi / g (g = H / K). Every key any of them sees is read once (widened once when
+// bfloat16) and dotted with all of them; each query's own sums run over the keys it sees, in
+// order, exactly as if it were alone.
+void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, bool avx2) {
+  const int64_t g = p.n_heads / p.n_kv, h = p.h, r0 = q0 / g, rows = (q0 + nq - 1) / g + 1 - r0;
+  // thread_local buffers, reached once (each thread_local access may cost a call)
+  thread_local std::vector<float> scores_buf, widened_buf, dot_buf;
+  thread_local std::vector<int64_t> keys_buf;
+  thread_local std::vector<uint8_t> vis_buf;
+  thread_local std::vector<const float*> krow_buf, vrow_buf;
+  // the keys any of the rows sees, in order: cache slots ascending, then new entries ascending
+  // (local pointers throughout: a store through a byte pointer may alias anything, and the
+  // compiler would reload every vector's data pointer after each one)
+  const bool* seen_c = p.seen_c + (b * p.t + r0) * p.s;
+  const bool* seen_n = p.seen_n + (b * p.t + r0) * p.n;
+  keys_buf.resize(p.s + p.n);
+  int64_t* keys = keys_buf.data();
+  int64_t m = 0;
+  for (int64_t j = 0; j < p.s; ++j) {
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) any |= seen_c[r * p.s + j];
+    keys[m] = j;
+    m += any;
+  }
+  for (int64_t j = 0; j < p.n; ++j) {
+    bool any = false;
+    for (int64_t r = 0; r < rows; ++r) any |= seen_n[r * p.n + j];
+    keys[m] = p.s + j;
+    m += any;
+  }
+  // which of them each query row sees: [rows, m]
+  vis_buf.resize(rows * m);
+  uint8_t* vis_rows = vis_buf.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool* sc = seen_c + r * p.s;
+    const bool* sn = seen_n + r * p.n - p.s;
+    uint8_t* vr = vis_rows + r * m;
+    for (int64_t j = 0; j < m; ++j) vr[j] = keys[j] < p.s ? sc[keys[j]] : sn[keys[j]];
+  }
+  // the key and value rows, as float32 (bfloat16 widened once here)
+  krow_buf.resize(m);
+  vrow_buf.resize(m);
+  const float** krow = krow_buf.data();
+  const float** vrow = vrow_buf.data();
+  const bool any_bf16 = p.c_bf16 || p.n_bf16 || p.q_bf16;
+  widened_buf.resize(any_bf16 ? (2 * m + nq) * h : nq * h);
+  float* widened = widened_buf.data();
   for (int64_t j = 0; j < m; ++j) {
-    const float* v = key_row(keys[j], true, tmp.data());
-    for (int64_t i = 0; i < g; ++i) axpy(scores[i * m + j], v, out + i * h, h);
+    const int64_t key = keys[j];
+    const bool cache = key < p.s, bf16 = cache ? p.c_bf16 : p.n_bf16;
+    const int64_t i = cache ? (b * p.s + key) * p.n_kv + kv : (b * p.n + key - p.s) * p.n_kv + kv;
+    krow[j] = row(cache ? p.kc : p.kn, bf16, i, h, bf16 ? widened + j * h : nullptr);
+    vrow[j] = row(cache ? p.vc : p.vn, bf16, i, h, bf16 ? widened + (m + j) * h : nullptr);
   }
-  for (int64_t i = 0; i < g; ++i)
-    for (int64_t d = 0; d < h; ++d) out[i * h + d] = out[i * h + d] / denom[i];
+  float* qs = widened + (any_bf16 ? 2 * m * h : 0);
+  float* outs[kChunkQueries];
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const int64_t r = (q0 + qi) / g, i = (q0 + qi) % g, at = (b * p.t + r) * p.n_heads + kv * g + i;
+    const float* src = row(p.q, p.q_bf16, at, h, qs + qi * h);
+    if (src != qs + qi * h) std::memcpy(qs + qi * h, src, h * sizeof(float));
+    outs[qi] = p.out + at * h;
+  }
+  // scores [nq, m]: every query with every key of the union (a key a query does not see is
+  // dotted too, and never used)
+  scores_buf.resize(nq * m);
+  dot_buf.resize(nq);
+  float* scores = scores_buf.data();
+  float* dot_out = dot_buf.data();
+  for (int64_t j = 0; j < m; ++j) {
+    dots(qs, nq, krow[j], h, dot_out, avx2);
+    for (int64_t qi = 0; qi < nq; ++qi) scores[qi * m + j] = dot_out[qi] * p.scale;
+  }
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    float* si = scores + qi * m;
+    const uint8_t* vi = vis_rows + ((q0 + qi) / g - r0) * m;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < m; ++j)
+      if (vi[j]) mx = std::max(mx, si[j]);
+    float l = 0.0f;
+    for (int64_t j = 0; j < m; ++j)
+      if (vi[j]) {
+        si[j] = std::exp(si[j] - mx);
+        l = l + si[j];
+      }
+    if (l == 0.0f) {  // the query sees nothing: zeros (XLA's softmax over an all-masked row gives NaN; never asked for)
+      std::fill(outs[qi], outs[qi] + h, 0.0f);
+      continue;
+    }
+#ifdef JAXSPEC_X86
+    if (avx2) {
+      weighted_values_avx2(si, vi, vrow, m, h, l, outs[qi]);
+      continue;
+    }
+#endif
+    weighted_values_portable(si, vi, vrow, m, h, l, outs[qi]);
+  }
 }
 
 bool is_f32_or_bf16(const ffi::AnyBuffer& x) {
@@ -191,8 +319,14 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer kc, 
             q.element_type() == ffi::BF16, kc.element_type() == ffi::BF16, kn.element_type() == ffi::BF16,
             b, t, n_heads, n_kv, h, s, n, scale};
   const bool avx2 = cpu_has_avx2();
-  const int64_t tasks = b * n_kv * t;
-  parallel_chunks(pool, tasks, [&](int64_t i) { attend(p, i / (n_kv * t), i / t % n_kv, i % t, avx2); });
+  // tasks: (batch row, KV head, a chunk of its T * g queries), chunks of at most kChunkQueries
+  const int64_t per_kv = t * (n_heads / n_kv), chunks = (per_kv + kChunkQueries - 1) / kChunkQueries;
+  const int64_t size = (per_kv + chunks - 1) / chunks;
+  parallel_chunks(pool, b * n_kv * chunks, [&](int64_t i) {
+    const int64_t c = i % chunks, q0 = c * size;
+    if (q0 >= per_kv) return;
+    attend(p, i / (n_kv * chunks), i / chunks % n_kv, q0, std::min(size, per_kv - q0), avx2);
+  });
   return ffi::Error::Success();
 }
 
