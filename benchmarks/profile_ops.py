@@ -128,6 +128,7 @@ def profile_passes(args, argv) -> int:
         for kind, ms in by_kind.most_common(args.top):
             print(f"  {ms:7.2f} ms {100 * ms / total:5.1f}%  {kind}")
         record["widths"][t] = {"wall_ms": wall, "op_ms": total, "by_kind_ms": dict(by_kind.most_common())}
+    record["elapsed_s"] = (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()
     if args.out:
         write_record(record, args.out)
     return 0

@@ -30,6 +30,8 @@ RESULTS = {
     "pass_cost_kernel_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-06.json", "pass_cost"),
     "small_matmul_panels_cpu": ("benchmarks/results/small_matmul_1536x8960_cpu_2026-12-07.json", "small_matmul"),
     "pass_cost_panels_cpu": ("benchmarks/results/pass_cost_smollm2-135m-float32_cpu_2026-12-07.json", "pass_cost"),
+    "pass_profile_cpu": ("benchmarks/results/pass_profile_smollm2-135m_cpu_2026-12-07.json", "pass_profile"),
+    "pass_profile_bf16_cpu": ("benchmarks/results/pass_profile_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_profile"),
     "pass_cost_panels_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_cost"),
     "spec_bench_smollm2_panels": ("benchmarks/results/spec_bench_smollm2-135m-panels_cpu_2026-12-07.json", "spec_bench"),
     "spec_bench_smollm2_panels_bf16": ("benchmarks/results/spec_bench_smollm2-135m-panels-bfloat16_cpu_2026-12-07.json", "spec_bench"),
@@ -183,7 +185,37 @@ def exact_logprobs(path: str, d: dict) -> str:
     return "\n".join(md + _source(path, d, d["started_utc"][:10]))
 
 
-KINDS = {"exact_logprobs": exact_logprobs, "pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
+# the instruction kinds of a pass profile (benchmarks/profile_ops.py --pass-widths), grouped
+_PASS_PARTS = (("weight products", lambda k: k.startswith("jaxspec_cpu_matmul") or k in ("dot", "fusion output:dot")),
+               ("attention", lambda k: k == "jaxspec_cpu_attention"),
+               ("RoPE", lambda k: k == "jaxspec_cpu_rope"),
+               ("converts (bfloat16 activations)", lambda k: k.endswith(":convert")),
+               ("other XLA ops (norms, residual adds, SiLU, masks, gathers)", lambda k: True))
+
+
+def pass_profile(path: str, d: dict) -> str:
+    widths = d["widths"]
+    ts = list(widths)
+    md = ["| ms per pass (share) | " + " | ".join(f"T = {t}" for t in ts) + " |", "|---|" + "---|" * len(ts)]
+    parts = {t: dict.fromkeys([name for name, _ in _PASS_PARTS], 0.0) for t in ts}
+    for t in ts:
+        for kind, ms in widths[t]["by_kind_ms"].items():
+            name = next(name for name, match in _PASS_PARTS if match(kind))
+            parts[t][name] += ms
+    rows = [(name, {t: parts[t][name] for t in ts}) for name, _ in _PASS_PARTS]
+    rows.append(("between ops (runtime: the wall time no op covers)",
+                 {t: max(0.0, widths[t]["wall_ms"] - widths[t]["op_ms"]) for t in ts}))
+    for name, ms in rows:
+        md.append(f"| {name} | " + " | ".join(f"{ms[t]:.2f} ({100 * ms[t] / widths[t]['wall_ms']:.0f}%)" for t in ts) + " |")
+    md.append("| **wall** | " + " | ".join(f"**{widths[t]['wall_ms']:.1f}**" for t in ts) + " |")
+    st = d["settings"]
+    md += ["", f"{st['model']}, {st.get('dtype') or 'float32'} weights, one verify pass of T tokens (200 committed, "
+           f"512-slot cache), {st['reps']} profiled passes per width (`jax.profiler`); each instruction's time from "
+           "the trace, grouped by kind."]
+    return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
+
+
+KINDS = {"pass_profile": pass_profile, "exact_logprobs": exact_logprobs, "pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
 
 
 def _write(out: str, text: str) -> None:
