@@ -322,6 +322,40 @@ def test_attention_kernel_row_and_placement_invariant(dtype):
     np.testing.assert_array_equal(np.asarray(apart, np.float32), np.asarray(written, np.float32))
 
 
+def test_kernels_write_bfloat16_as_xla_rounds():
+    """The kernels' bfloat16 results (a bfloat16 model's activations, with no convert op after
+    the call) are bitwise XLA's convert of their float32 results: ties to even, overflow to
+    inf, NaN stays NaN, signed zeros and subnormals kept; a bfloat16 x in is the float32 x."""
+    from jaxspec.kernels import cpu_attention
+
+    bits = np.array([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x7FC00000, 0x7F800001,
+                     0x80000000, 0x00000001, 0x00408000, 0xC0490FDB, 0x3EAAAAAB, 0x7F800000, 0x47800080,
+                     0x3F7FFFFF, 0xBF808001], np.uint32)
+    x = jnp.asarray(bits.view(np.float32).reshape(16, 1))
+    ones = cpu_matmul.pack_panels(jnp.ones((1, 16), jnp.float32))  # y[t, n] = x[t] * 1, exactly x[t]
+    f = jax.jit(lambda x, dt: cpu_matmul.matmul_panels(x, [ones], [16], dt)[0], static_argnums=1)
+    got, want = np.asarray(f(x, jnp.bfloat16)), np.asarray(f(x, jnp.float32).astype(jnp.bfloat16))
+    nan = np.isnan(want.astype(np.float32))
+    np.testing.assert_array_equal(np.isnan(got.astype(np.float32)), nan)
+    np.testing.assert_array_equal(got.view(np.uint16)[~nan], want.view(np.uint16)[~nan])
+    xw, w = _operands(37, 21, 5, jnp.bfloat16, seed=3)
+    p = cpu_matmul.pack_panels(w)
+    xb = jnp.asarray(xw).astype(jnp.bfloat16)
+    g = jax.jit(lambda x: cpu_matmul.matmul_panels(x, [p], [21])[0])
+    np.testing.assert_array_equal(np.asarray(g(xb)), np.asarray(g(xb.astype(jnp.float32))))
+    q, k, v, seen, (kn, vn, sn) = _attention_operands(jnp.bfloat16)
+    att = jax.jit(lambda dt: cpu_attention.attention(q, k, v, seen, kn, vn, sn, 0.3, out_dtype=dt), static_argnums=0)
+    np.testing.assert_array_equal(np.asarray(att(jnp.bfloat16)).view(np.uint16),
+                                  np.asarray(att(jnp.float32).astype(jnp.bfloat16)).view(np.uint16))
+    freqs = rope_mod.inv_freq(q.shape[-1], 10000.0)
+    pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32) + 7, q.shape[:2])
+    rp = jax.jit(lambda dt: cpu_attention.rope(q, pos, freqs, out_dtype=dt), static_argnums=0)
+    np.testing.assert_array_equal(np.asarray(rp(jnp.bfloat16)).view(np.uint16),
+                                  np.asarray(rp(jnp.float32).astype(jnp.bfloat16)).view(np.uint16))
+    with pytest.raises(ValueError, match="out_dtype must be float32 or bfloat16"):
+        cpu_matmul.matmul_panels(x, [ones], [16], jnp.float16)
+
+
 def test_attention_and_rope_gradients_are_xla_s():
     """Gradients through the kernels are XLA's (``jax.custom_vjp``): equal to those of the XLA
     functions, bit for bit (the backward passes are the same XLA code)."""

@@ -189,7 +189,7 @@ def exact_logprobs(path: str, d: dict) -> str:
 _PASS_PARTS = (("weight products", lambda k: k.startswith("jaxspec_cpu_matmul") or k in ("dot", "fusion output:dot")),
                ("attention", lambda k: k == "jaxspec_cpu_attention"),
                ("RoPE", lambda k: k == "jaxspec_cpu_rope"),
-               ("converts (bfloat16 activations)", lambda k: k.endswith(":convert")),
+               ("fusions ending in a convert (bfloat16: the norms)", lambda k: k.endswith(":convert")),
                ("other XLA ops (norms, residual adds, SiLU, masks, gathers)", lambda k: True))
 
 

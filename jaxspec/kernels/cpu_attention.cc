@@ -8,7 +8,8 @@
 //                           (N may be 0: everything is in the cache)
 //   seen_n   [B, T, N]      bool: which of those query t sees
 //   scale    attribute      the score scale
-//   out      [B, T, H, h]   float32
+//   out      [B, T, H, h]   float32 or bfloat16 (the float32 result rounded once, as XLA's
+//                           convert rounds)
 //
 // Grouped-query attention: query head i reads KV head i / (H / K).
 //
@@ -130,8 +131,8 @@ void dots(const float* qs, int64_t nq, const float* k, int64_t h, float* out, bo
 struct Problem {
   const void *q, *kc, *vc, *kn, *vn;
   const bool *seen_c, *seen_n;
-  float* out;
-  bool q_bf16, c_bf16, n_bf16;
+  void* out;
+  bool q_bf16, c_bf16, n_bf16, out_bf16;
   int64_t b, t, n_heads, n_kv, h, s, n;
   float scale;
 };
@@ -200,7 +201,7 @@ __attribute__((target("avx2,fma"))) void weighted_values_avx2(const float* p, co
 void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, bool avx2) {
   const int64_t g = p.n_heads / p.n_kv, h = p.h, r0 = q0 / g, rows = (q0 + nq - 1) / g + 1 - r0;
   // thread_local buffers, reached once (each thread_local access may cost a call)
-  thread_local std::vector<float> scores_buf, widened_buf, dot_buf;
+  thread_local std::vector<float> scores_buf, widened_buf, dot_buf, results_buf;
   thread_local std::vector<int64_t> keys_buf;
   thread_local std::vector<uint8_t> vis_buf;
   thread_local std::vector<const float*> krow_buf, vrow_buf;
@@ -249,12 +250,16 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
     vrow[j] = row(cache ? p.vc : p.vn, bf16, i, h, bf16 ? widened + (m + j) * h : nullptr);
   }
   float* qs = widened + (any_bf16 ? 2 * m * h : 0);
+  // each query's float32 result: its row of out, or (bfloat16 out) of `results`, rounded at the end
+  results_buf.resize(p.out_bf16 ? nq * h : 0);
   float* outs[kChunkQueries];
+  int64_t at[kChunkQueries];
   for (int64_t qi = 0; qi < nq; ++qi) {
-    const int64_t r = (q0 + qi) / g, i = (q0 + qi) % g, at = (b * p.t + r) * p.n_heads + kv * g + i;
-    const float* src = row(p.q, p.q_bf16, at, h, qs + qi * h);
+    const int64_t r = (q0 + qi) / g, i = (q0 + qi) % g;
+    at[qi] = (b * p.t + r) * p.n_heads + kv * g + i;
+    const float* src = row(p.q, p.q_bf16, at[qi], h, qs + qi * h);
     if (src != qs + qi * h) std::memcpy(qs + qi * h, src, h * sizeof(float));
-    outs[qi] = p.out + at * h;
+    outs[qi] = p.out_bf16 ? results_buf.data() + qi * h : static_cast<float*>(p.out) + at[qi] * h;
   }
   // scores [nq, m]: every query with every key of the union (a key a query does not see is
   // dotted too, and never used)
@@ -290,6 +295,9 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
 #endif
     weighted_values_portable(si, vi, vrow, m, h, l, outs[qi]);
   }
+  if (p.out_bf16)
+    for (int64_t qi = 0; qi < nq; ++qi)
+      jaxspec_cpu::store_row(outs[qi], static_cast<uint16_t*>(p.out) + at[qi] * h, true, h);
 }
 
 bool is_f32_or_bf16(const ffi::AnyBuffer& x) {
@@ -298,7 +306,7 @@ bool is_f32_or_bf16(const ffi::AnyBuffer& x) {
 
 ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer kc, ffi::AnyBuffer vc,
                      ffi::Buffer<ffi::PRED> seen_c, ffi::AnyBuffer kn, ffi::AnyBuffer vn,
-                     ffi::Buffer<ffi::PRED> seen_n, float scale, ffi::Result<ffi::Buffer<ffi::F32>> out) {
+                     ffi::Buffer<ffi::PRED> seen_n, float scale, ffi::Result<ffi::AnyBuffer> out) {
   auto qd = q.dimensions(), cd = kc.dimensions(), nd = kn.dimensions();
   if (qd.size() != 4 || cd.size() != 4 || nd.size() != 4)
     return ffi::Error::InvalidArgument("jaxspec cpu attention: q, k and v must be rank 4");
@@ -314,9 +322,12 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer kc, 
   if (!is_f32_or_bf16(q) || !is_f32_or_bf16(kc) || !is_f32_or_bf16(kn) || kc.element_type() != vc.element_type() ||
       kn.element_type() != vn.element_type())
     return ffi::Error::InvalidArgument("jaxspec cpu attention: float32 or bfloat16 operands, k and v alike");
+  if (out->element_type() != ffi::F32 && out->element_type() != ffi::BF16)
+    return ffi::Error::InvalidArgument("jaxspec cpu attention: out must be float32 or bfloat16");
   Problem p{q.untyped_data(),  kc.untyped_data(), vc.untyped_data(), kn.untyped_data(), vn.untyped_data(),
-            seen_c.typed_data(), seen_n.typed_data(), out->typed_data(),
+            seen_c.typed_data(), seen_n.typed_data(), out->untyped_data(),
             q.element_type() == ffi::BF16, kc.element_type() == ffi::BF16, kn.element_type() == ffi::BF16,
+            out->element_type() == ffi::BF16,
             b, t, n_heads, n_kv, h, s, n, scale};
   const bool avx2 = cpu_has_avx2();
   // tasks: (batch row, KV head, a chunk of its T * g queries), chunks of at most kChunkQueries
@@ -337,7 +348,7 @@ ffi::Error Attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer kc, 
 // 1-token pass, the attention in a verify window) and the fusions contract them differently;
 // here they are the same code in every program.
 ffi::Error Rope(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::F32> inv_freq,
-                ffi::Result<ffi::Buffer<ffi::F32>> out) {
+                ffi::Result<ffi::AnyBuffer> out) {
   auto xd = x.dimensions();
   if (xd.size() != 4 || !is_f32_or_bf16(x))
     return ffi::Error::InvalidArgument("jaxspec cpu rope: x must be float32 or bfloat16 [B, T, N, h]");
@@ -346,10 +357,12 @@ ffi::Error Rope(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions, ffi::Buffer<f
   if (h % 2 != 0 || h > kMaxHeadDim || pd.size() != 2 || pd[0] != b || pd[1] != t ||
       inv_freq.dimensions().size() != 1 || inv_freq.dimensions()[0] != half)
     return ffi::Error::InvalidArgument("jaxspec cpu rope: shapes do not match");
-  const bool bf16 = x.element_type() == ffi::BF16;
+  if (out->element_type() != ffi::F32 && out->element_type() != ffi::BF16)
+    return ffi::Error::InvalidArgument("jaxspec cpu rope: out must be float32 or bfloat16");
+  const bool bf16 = x.element_type() == ffi::BF16, out_bf16 = out->element_type() == ffi::BF16;
   const int32_t* pos = positions.typed_data();
   const float* freq = inv_freq.typed_data();
-  float cs[kMaxHeadDim], sn[kMaxHeadDim], tmp[kMaxHeadDim];
+  float cs[kMaxHeadDim], sn[kMaxHeadDim], tmp[kMaxHeadDim], res[kMaxHeadDim];
   for (int64_t bt = 0; bt < b * t; ++bt) {
     for (int64_t i = 0; i < half; ++i) {
       const float a = static_cast<float>(pos[bt]) * freq[i];
@@ -358,13 +371,14 @@ ffi::Error Rope(ffi::AnyBuffer x, ffi::Buffer<ffi::S32> positions, ffi::Buffer<f
     }
     for (int64_t j = 0; j < n; ++j) {
       const float* xi = row(x.untyped_data(), bf16, bt * n + j, h, tmp);
-      float* o = out->typed_data() + (bt * n + j) * h;
+      float* o = out_bf16 ? res : static_cast<float*>(out->untyped_data()) + (bt * n + j) * h;
       for (int64_t i = 0; i < half; ++i) {
         const float c1 = xi[i] * cs[i], s2 = xi[i + half] * sn[i];
         const float c2 = xi[i + half] * cs[i], s1 = xi[i] * sn[i];
         o[i] = c1 - s2;
         o[i + half] = c2 + s1;
       }
+      if (out_bf16) jaxspec_cpu::store_row(res, static_cast<uint16_t*>(out->untyped_data()) + (bt * n + j) * h, true, h);
     }
   }
   return ffi::Error::Success();
@@ -377,7 +391,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecRope, Rope,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttention, Attention,
                               ffi::Ffi::Bind()
@@ -390,4 +404,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecAttention, Attention,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Attr<float>("scale")
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::AnyBuffer>());

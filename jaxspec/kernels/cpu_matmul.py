@@ -253,12 +253,20 @@ def unpack_panels(panels: jax.Array, n: int) -> jax.Array:
     return panels.transpose(1, 0, 2).reshape(k, p * PANEL)[:, :n]
 
 
-def matmul_panels(x: jax.Array, panels, ns) -> list[jax.Array]:
+def matmul_panels(x: jax.Array, panels, ns, out_dtype=jnp.float32) -> list[jax.Array]:
     """``[x @ unpack_panels(p, n) for p, n in zip(panels, ns)]`` in one call: ``x [T, K]`` float32
-    (T <= ``MAX_ROWS``), each ``p [ceil(n / 16), K, 16]`` float32 or bfloat16 (``pack_panels``),
-    -> float32 ``[T, n]``. Each output is one sequential float32 FMA chain over k, so row t is
-    bitwise the same whatever T. Raises RuntimeError when the kernel is off (``enabled``)."""
+    or bfloat16 (T <= ``MAX_ROWS``), each ``p [ceil(n / 16), K, 16]`` float32 or bfloat16
+    (``pack_panels``), -> ``[T, n]`` of ``out_dtype`` (float32, or bfloat16: the float32 sums
+    rounded once in the kernel, bitwise ``.astype(jnp.bfloat16)`` of the float32 result). Each
+    output is one sequential float32 FMA chain over k, so row t is bitwise the same whatever T.
+
+    Raises:
+      RuntimeError: the kernel is off (``enabled``).
+      ValueError: ``out_dtype`` is neither float32 nor bfloat16.
+    """
     if not enabled():
         raise RuntimeError(f"the CPU matmul kernel is off: {describe()}")
-    outs = [jax.ShapeDtypeStruct((x.shape[0], n), jnp.float32) for n in ns]
+    if jnp.dtype(out_dtype) not in DTYPES:
+        raise ValueError(f"out_dtype must be float32 or bfloat16, got {jnp.dtype(out_dtype)}")
+    outs = [jax.ShapeDtypeStruct((x.shape[0], n), out_dtype) for n in ns]
     return jax.ffi.ffi_call(_TARGETS["panels"], outs, vmap_method="sequential")(x, *panels)

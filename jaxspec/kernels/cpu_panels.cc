@@ -4,8 +4,8 @@
 //   P_i[ceil(N_i / 16), K, 16]: P[p, k, c] = W[k, 16 p + c] (zero past N). Several weights that
 //   share x (q/k/v, gate/up) go in one call.
 //
-// x and y are float32; the panels float32 or bfloat16 (widened to float32 in registers); the
-// sums float32. T is meant to be small (1..64 rows, cpu_matmul.MAX_ROWS).
+// x and y are float32 or bfloat16 (x widened once, y rounded once as it is stored); the panels
+// float32 or bfloat16 (widened to float32 in registers); the sums float32. T is meant to be small (1..64 rows, cpu_matmul.MAX_ROWS).
 //
 // Why panels. A panel holds 16 output columns for every k, contiguous along k (one 64-byte line
 // of float32, half a line of bfloat16, per k), so a register tile of 16 columns x up to 6 rows
@@ -59,9 +59,9 @@ constexpr int64_t kAheadLines = 24;        // how far ahead a float32 tile of 4-
 
 struct Weight {
   const void* panels;  // [P, K, 16]
-  float* y;            // [T, N]
+  void* y;             // [T, N], float32 or bfloat16 (y_bf16)
   int64_t n, p;
-  bool bf16;
+  bool bf16, y_bf16;
 };
 
 // acc[r][c] (+)= sum over k in [0, kc) of x[r, k] * w[k, c], for r < rows, c < 16; `part` holds
@@ -178,10 +178,10 @@ constexpr Tile kTiles[kRows] = {tile_avx2<1, BF16>, tile_avx2<2, BF16>, tile_avx
 // Panel p's columns of y's t rows from `part` (the rows' 16 sums, 16 floats apart; zeros when
 // K = 0, where no tile ran), the last panel's columns past N left out.
 void store_panel(const Weight& w, int64_t t, int64_t k, float* part, int64_t p) {
-  const int64_t c0 = p * kPanel, cols = std::min(kPanel, w.n - c0);
+  const int64_t c0 = p * kPanel, cols = std::min(kPanel, w.n - c0), esize = w.y_bf16 ? 2 : 4;
   for (int64_t r = 0; r < t; ++r) {
     if (k == 0) std::fill(part + r * kPanel, part + r * kPanel + kPanel, 0.0f);
-    std::memcpy(w.y + r * w.n + c0, part + r * kPanel, cols * sizeof(float));
+    jaxspec_cpu::store_row(part + r * kPanel, static_cast<char*>(w.y) + (r * w.n + c0) * esize, w.y_bf16, cols);
   }
 }
 
@@ -246,19 +246,24 @@ void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, i
   }
 }
 
-// x [T, K] float32, then the panels P_1 .. P_M; results y_1 .. y_M [T, N_i] float32.
-ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::RemainingArgs ws, ffi::RemainingRets ys) {
+// x [T, K], then the panels P_1 .. P_M; results y_1 .. y_M [T, N_i]. x float32 or bfloat16
+// (widened once here), each y float32 or bfloat16 (the float32 sums rounded once as they are
+// stored, as XLA's convert rounds): a bfloat16 model's activations go in and out as they are,
+// with no convert ops around the call.
+ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::RemainingArgs ws, ffi::RemainingRets ys) {
   if (ws.size() != ys.size() || ws.size() == 0)
     return ffi::Error::InvalidArgument("jaxspec cpu panels: one result per weight, at least one weight");
   auto xd = x.dimensions();
   if (xd.size() != 2) return ffi::Error::InvalidArgument("jaxspec cpu panels: x must be rank 2");
+  if (x.element_type() != ffi::F32 && x.element_type() != ffi::BF16)
+    return ffi::Error::InvalidArgument("jaxspec cpu panels: x must be float32 or bfloat16");
   const int64_t t = xd[0], k = xd[1];
   if (t > kMaxT) return ffi::Error::InvalidArgument("jaxspec cpu panels: at most 64 rows of x");
   std::vector<Weight> weights(ws.size());
   int64_t total_panels = 0, elems = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     auto w = ws.get<ffi::AnyBuffer>(i);
-    auto y = ys.get<ffi::Buffer<ffi::F32>>(i);
+    auto y = ys.get<ffi::AnyBuffer>(i);
     if (w.has_error()) return w.error();
     if (y.has_error()) return y.error();
     auto wd = w->dimensions();
@@ -270,7 +275,10 @@ ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Rema
       return ffi::Error::InvalidArgument("jaxspec cpu panels: shapes do not chain");
     if (w->element_type() != ffi::F32 && w->element_type() != ffi::BF16)
       return ffi::Error::InvalidArgument("jaxspec cpu panels: weights must be float32 or bfloat16");
-    weights[i] = Weight{w->untyped_data(), (*y)->typed_data(), n, wd[0], w->element_type() == ffi::BF16};
+    if ((*y)->element_type() != ffi::F32 && (*y)->element_type() != ffi::BF16)
+      return ffi::Error::InvalidArgument("jaxspec cpu panels: results must be float32 or bfloat16");
+    weights[i] = Weight{w->untyped_data(), (*y)->untyped_data(), n, wd[0], w->element_type() == ffi::BF16,
+                        (*y)->element_type() == ffi::BF16};
     total_panels += wd[0];
     elems += k * n;
   }
@@ -285,7 +293,15 @@ ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Rema
   std::vector<Unit> units;
   for (int64_t i = 0; i < static_cast<int64_t>(weights.size()); ++i)
     for (int64_t p = 0; p < weights[i].p; p += per) units.push_back({i, p, std::min(weights[i].p, p + per)});
-  auto run = [&](int64_t u) { panels(x.typed_data(), t, k, weights[units[u].w], units[u].p0, units[u].p1, avx2); };
+  std::vector<float> widened;
+  const float* xf = static_cast<const float*>(x.untyped_data());
+  if (x.element_type() == ffi::BF16) {
+    const uint16_t* xb = static_cast<const uint16_t*>(x.untyped_data());
+    widened.resize(t * k);
+    for (int64_t i = 0; i < t * k; ++i) widened[i] = bf16_to_f32(xb[i]);
+    xf = widened.data();
+  }
+  auto run = [&](int64_t u) { panels(xf, t, k, weights[units[u].w], units[u].p0, units[u].p1, avx2); };
   if (elems < kSerialBelow) {
     for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) run(u);
   } else {
@@ -299,6 +315,6 @@ ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Rema
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulPanels, MatmulPanels,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .RemainingArgs()
                                   .RemainingRets());

@@ -92,6 +92,25 @@ inline float bf16_to_f32(uint16_t v) {
   return f;
 }
 
+// float32 -> bfloat16, rounded to nearest even; a NaN becomes a quiet NaN of its sign: what
+// XLA's convert does, so a kernel that rounds its own output gives the bits it gave before.
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// n values from `src` to `dst`, float32 (copied) or bfloat16 (rounded, f32_to_bf16).
+inline void store_row(const float* src, void* dst, bool bf16, int64_t n) {
+  if (!bf16) {
+    std::memcpy(dst, src, n * sizeof(float));
+    return;
+  }
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+}
+
 #ifdef JAXSPEC_X86
 // Eight weights from w + i (float32, or bfloat16 widened on load: a 16-bit shift) as floats.
 template <bool BF16>

@@ -62,8 +62,8 @@ def _kernel(q, k, v, visible, k_new, v_new, seen_new, scale):
 
     def cpu(q, k, v, visible, k_new, v_new, seen_new):
         s = scale or 1.0 / np.sqrt(q.shape[-1])
-        out = cpu_attention.attention(q, k, v, visible, k_new, v_new, seen_new, s)
-        return out.astype(v.dtype).reshape(*q.shape[:2], -1)
+        out = cpu_attention.attention(q, k, v, visible, k_new, v_new, seen_new, s, out_dtype=v.dtype)
+        return out.reshape(*q.shape[:2], -1)
 
     def default(q, k, v, visible, k_new, v_new, seen_new):
         return _xla(q, k, v, visible, extra, scale)

@@ -89,8 +89,10 @@ def _panel_products(x, datas, ns, out_dtype):
     the panel kernel on CPU, XLA's dot elsewhere."""
 
     def cpu(x, *datas):
-        x2 = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
-        ys = cpu_matmul.matmul_panels(x2, datas, ns)
+        # x and y as they are where the kernel takes them (float32, bfloat16): no convert ops
+        x2 = x.reshape(-1, x.shape[-1])
+        kernel_dtype = out_dtype if out_dtype in cpu_matmul.DTYPES else jnp.dtype(jnp.float32)
+        ys = cpu_matmul.matmul_panels(x2, datas, ns, kernel_dtype)
         return tuple(y.reshape(*x.shape[:-1], n).astype(out_dtype) for y, n in zip(ys, ns))
 
     def default(x, *datas):

@@ -67,7 +67,7 @@ def _xla(x: jax.Array, positions: jax.Array, freqs) -> jax.Array:
 def _kernel(x, positions, freqs):
     """The kernel on a CPU device, XLA elsewhere (``lax.platform_dependent``)."""
     return jax.lax.platform_dependent(
-        x, positions, freqs, cpu=lambda x, p, f: cpu_attention.rope(x, p, f).astype(x.dtype), default=_xla)
+        x, positions, freqs, cpu=lambda x, p, f: cpu_attention.rope(x, p, f, out_dtype=x.dtype), default=_xla)
 
 
 def _kernel_fwd(x, positions, freqs):
