@@ -30,6 +30,8 @@ RESULTS = {
     "pass_cost_kernel_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-06.json", "pass_cost"),
     "small_matmul_panels_cpu": ("benchmarks/results/small_matmul_1536x8960_cpu_2026-12-07.json", "small_matmul"),
     "pass_cost_panels_cpu": ("benchmarks/results/pass_cost_smollm2-135m-float32_cpu_2026-12-07.json", "pass_cost"),
+    "pass_cost_qwen_panels_cpu": ("benchmarks/results/pass_cost_qwen2.5-coder-1.5b-float32_cpu_2026-12-07.json", "pass_cost"),
+    "pass_cost_qwen_panels_bf16_cpu": ("benchmarks/results/pass_cost_qwen2.5-coder-1.5b-bfloat16_cpu_2026-12-07.json", "pass_cost"),
     "pass_profile_cpu": ("benchmarks/results/pass_profile_smollm2-135m_cpu_2026-12-07.json", "pass_profile"),
     "pass_profile_bf16_cpu": ("benchmarks/results/pass_profile_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_profile"),
     "pass_cost_panels_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_cost"),
