@@ -13,6 +13,8 @@ Run from the repository root::
 
     python -m benchmarks.profile_ops --model smollm2-135m --prompt-tokens 800 --max-new-tokens 64
     python -m benchmarks.profile_ops --drafter ngram --gamma 4      # a speculative call
+    python -m benchmarks.profile_ops --drafter ngram --chat --prompt-text "Compose an engaging travel blog post..."
+        # a prompt where prompt lookup rarely matches: what a step without drafts costs
     python -m benchmarks.profile_ops --pass-widths 1,9 [--dtype bfloat16]  # one verify pass
 
 ``--pass-widths`` profiles the verify pass of ``benchmarks.bench_pass_cost`` alone (``--reps``
@@ -40,7 +42,8 @@ import time
 from benchmarks.bench_env import machine_info, versions, write_record
 
 # trace events that are not ops: the runtime's own spans, Python frames, thread-pool waits
-NOT_OPS = ("ThunkExecutor", "$", "np.", "SlinkyThreadPool", "end: ", "while", "conditional", "call")
+# (a loop's or a conditional's span, "while.N" / "cond.N", wraps its body's ops, which are counted)
+NOT_OPS = ("ThunkExecutor", "$", "np.", "SlinkyThreadPool", "end: ", "while", "cond", "call")
 
 
 def op_times(trace_file: str, keep_suffix: bool = False) -> dict[str, tuple[float, int]]:
@@ -140,6 +143,9 @@ def main(argv=None) -> int:
     ap.add_argument("--drafter", choices=("none", "ngram"), default="none", help="none: plain decoding (default)")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--prompt-tokens", type=int, default=200, help="prompt length in tokens (random text ids)")
+    ap.add_argument("--prompt-text", default=None,
+                    help="a text prompt instead of random ids (e.g. a Spec-Bench question: where n-gram finds no match)")
+    ap.add_argument("--chat", action="store_true", help="wrap --prompt-text in the chat template")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--top", type=int, default=15, help="rows printed (15)")
     ap.add_argument("--out", default=None, help="JSON path (default: print only)")
@@ -159,12 +165,14 @@ def main(argv=None) -> int:
 
     started = _dt.datetime.now(_dt.timezone.utc)
     model = jaxspec.load(args.model)
-    rng = np.random.default_rng(0)
-    # a repeated span, so that prompt lookup finds matches
-    span = rng.integers(100, model.config.vocab_size - 100, max(1, args.prompt_tokens // 4)).tolist()
-    prompt = (span * 4 + span)[: args.prompt_tokens]
+    if args.prompt_text is not None:
+        prompt = args.prompt_text
+    else:  # a repeated span, so that prompt lookup finds matches
+        rng = np.random.default_rng(0)
+        span = rng.integers(100, model.config.vocab_size - 100, max(1, args.prompt_tokens // 4)).tolist()
+        prompt = (span * 4 + span)[: args.prompt_tokens]
     drafter = None if args.drafter == "none" else jaxspec.NGramDrafter(gamma=args.gamma)
-    kw = dict(drafter=drafter, max_new_tokens=args.max_new_tokens, ignore_eos=True)
+    kw = dict(drafter=drafter, max_new_tokens=args.max_new_tokens, ignore_eos=True, chat=args.chat)
     jaxspec.generate(model, [prompt], **kw)  # compile and warm up
     with tempfile.TemporaryDirectory() as tmp:
         jax.profiler.start_trace(tmp, create_perfetto_trace=True)
@@ -178,15 +186,17 @@ def main(argv=None) -> int:
         ops = op_times(traces[0])
     steps = int(np.sum(out.metrics.verify_steps))  # target forwards after the prefill
     total = sum(ms for ms, _ in ops.values())
-    print(f"{args.model}, drafter {args.drafter}, prompt {len(prompt)} tokens, {args.max_new_tokens} new: "
-          f"{steps} verify steps, wall {wall:.2f} s (profiled), op time {total / 1e3:.2f} s (ops on all threads add up)")
+    drafted = int(np.sum(out.metrics.drafted))
+    print(f"{args.model}, drafter {args.drafter}, prompt {len(prompt)} {'chars' if isinstance(prompt, str) else 'tokens'}, "
+          f"{args.max_new_tokens} new: {steps} verify steps ({drafted} draft nodes), wall {wall:.2f} s (profiled), "
+          f"op time {total / 1e3:.2f} s (ops on all threads add up)")
     for kind, (ms, n) in list(ops.items())[: args.top]:
         print(f"  {ms:9.1f} ms {100 * ms / total:5.1f}%  {n:7d}  {kind}")
     if args.out:
         record = {"command": "python -m benchmarks.profile_ops " +
                              " ".join(sys.argv[1:] if argv is None else argv),
                   "started": started.isoformat(), "machine": {**machine_info(), "backend": jax.default_backend()},
-                  "versions": versions(), "settings": vars(args), "prompt_tokens": len(prompt), "wall_s": wall,
+                  "versions": versions(), "settings": vars(args), "prompt_length": len(prompt), "drafted": drafted, "wall_s": wall,
                   "steps": steps, "op_ms_total": total,
                   "ops": {k: {"ms": ms, "events": n} for k, (ms, n) in ops.items()},
                   "elapsed_s": (_dt.datetime.now(_dt.timezone.utc) - started).total_seconds()}
