@@ -50,7 +50,7 @@ from jaxspec import acceptance, cache as cache_lib, models, policy, stopping, sy
 from jaxspec.config import ModelConfig
 from jaxspec.models.target import TargetModel, as_target
 from jaxspec.drafters.base import Committed, Context, Prefill
-from jaxspec.sampling import History, SamplingParams, fold_rows, processed_probs, sample, token_logprobs
+from jaxspec.sampling import History, SamplingParams, first_argmax, fold_rows, processed_probs, sample, token_logprobs
 from jaxspec.stopping import StopTables
 from jaxspec.tree import Proposal, Tree
 
@@ -265,7 +265,7 @@ def _verify(target, model: TargetModel, inputs: Inputs, keys, s: LoopState, root
                      tuple(pad(_along(c, acc.path)) for c in out.captured),
                      None if lp is None else tuple(pad(x) for x in lp),
                      jnp.sum(tree.valid[:, 1:], axis=1, dtype=jnp.int32),
-                     pad(jnp.argmax(out.logits, axis=-1).astype(jnp.int32)),
+                     pad(first_argmax(out.logits)),
                      out.cache if write_first else None)
 
 

@@ -253,7 +253,7 @@ def processed_probs(
     # Subtract the max before dividing: a tiny temperature would otherwise overflow to inf - inf.
     shifted = x - jnp.max(x, axis=-1, keepdims=True)
     soft = jax.nn.softmax(shifted / jnp.where(temp > 0, temp, 1.0), axis=-1)
-    hard = jax.nn.one_hot(jnp.argmax(x, axis=-1), v, dtype=jnp.float32)
+    hard = jax.nn.one_hot(first_argmax(x), v, dtype=jnp.float32)
     probs = jnp.where(temp > 0, soft, hard)
     probs = jax.lax.cond(
         sp.uses_truncation(), lambda p: truncate(p, sp.top_k, sp.top_p, sp.min_p), lambda p: p, probs
@@ -270,14 +270,30 @@ def fold_rows(keys: jax.Array, data) -> jax.Array:
     return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys)
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+    """``jnp.argmax(x, axis=-1)`` as int32, the same index (the first maximum; the first NaN
+    where there is one), computed as a max and then the least index holding it: two plain
+    reductions, which XLA:CPU runs about twice as fast as argmax's paired (value, index) one
+    over a vocabulary (measured 0.36 vs 0.64 ms for ``[1, 5, 49152]``)."""
+    m = jnp.max(x, axis=-1, keepdims=True)
+    hit = (x == m) | (jnp.isnan(m) & jnp.isnan(x))
+    v = x.shape[-1]
+    return jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+
+
 def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
     """Draw one token per row: ``keys`` is a ``[B]`` key array, ``probs`` float32 ``[B, V]``.
 
     Returns int32 ``[B]``. Each row uses only its own key, so a row's draw does not depend on
     the batch it is in. Gumbel-max over ``log(probs)`` (``jax.random.categorical``): a one-hot
-    row always yields its hot index and zero-probability tokens are never drawn.
+    row always yields its hot index and zero-probability tokens are never drawn. When every
+    row is one-hot (greedy decoding) that index is taken without the draw, whose Gumbel noise
+    (a hash per vocabulary entry) was most of a greedy step's sampling time: the same tokens,
+    and no key is consumed that another draw reads.
     """
     def draw(key, pr):
         return jax.random.categorical(key, jnp.log(pr), axis=-1)
 
-    return jax.vmap(draw)(keys, probs).astype(jnp.int32)
+    one_hot = jnp.all(jnp.sum(probs > 0, axis=-1) == 1)
+    return jax.lax.cond(one_hot, lambda p: first_argmax(p), lambda p: jax.vmap(draw)(keys, p).astype(jnp.int32),
+                        probs)
