@@ -116,8 +116,8 @@ def main(argv=None) -> int:
                 return off(*a)
 
         kn = jax.jit(lambda *a: verify_fn(*a), compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
-        ph = jax.jit(lambda *a: verify_fn(*a), compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
-        passes = {name + v: {"": (on, params), "/plain_head": (ph, plain_head), "/kn": (kn, arrays),
+        # plain_head and arrays are other pytrees than params: `kn` traces each apart
+        passes = {name + v: {"": (on, params), "/plain_head": (kn, plain_head), "/kn": (kn, arrays),
                              "/xla": (xla_verify, arrays)}[v] for v in variants}
         calls = {}
         for t in widths:

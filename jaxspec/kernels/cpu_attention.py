@@ -13,14 +13,6 @@ import numpy as np
 from jaxspec.kernels import cpu_matmul
 
 
-def _out_dtype(dtype) -> jnp.dtype:
-    """``dtype`` if the kernels write it (float32, bfloat16), else ValueError naming them."""
-    dtype = jnp.dtype(dtype)
-    if dtype not in cpu_matmul.DTYPES:
-        raise ValueError(f"out_dtype must be float32 or bfloat16, got {dtype}")
-    return dtype
-
-
 def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, seen_cache: jax.Array,
               k_new: jax.Array, v_new: jax.Array, seen_new: jax.Array, scale: float,
               out_dtype=jnp.float32) -> jax.Array:
@@ -48,7 +40,7 @@ def attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, seen_cache: 
     """
     if not cpu_matmul.enabled():
         raise RuntimeError(f"the CPU kernels are off: {cpu_matmul.describe()}")
-    out = jax.ShapeDtypeStruct(q.shape, _out_dtype(out_dtype))
+    out = jax.ShapeDtypeStruct(q.shape, cpu_matmul.result_dtype(out_dtype))
     call = jax.ffi.ffi_call(cpu_matmul.target("attention"), out, vmap_method="sequential")
     return call(q, k_cache, v_cache, seen_cache, k_new, v_new, seen_new, scale=np.float32(scale))
 
@@ -70,6 +62,6 @@ def rope(x: jax.Array, positions: jax.Array, inv_freq, out_dtype=jnp.float32) ->
     """
     if not cpu_matmul.enabled():
         raise RuntimeError(f"the CPU kernels are off: {cpu_matmul.describe()}")
-    out = jax.ShapeDtypeStruct(x.shape, _out_dtype(out_dtype))
+    out = jax.ShapeDtypeStruct(x.shape, cpu_matmul.result_dtype(out_dtype))
     call = jax.ffi.ffi_call(cpu_matmul.target("rope"), out, vmap_method="sequential")
     return call(x, positions.astype(jnp.int32), jnp.asarray(inv_freq, jnp.float32))

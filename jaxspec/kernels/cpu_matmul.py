@@ -253,6 +253,18 @@ def unpack_panels(panels: jax.Array, n: int) -> jax.Array:
     return panels.transpose(1, 0, 2).reshape(k, p * PANEL)[:, :n]
 
 
+def result_dtype(dtype) -> jnp.dtype:
+    """``dtype`` if the kernels write results in it (``DTYPES``: float32, bfloat16).
+
+    Raises:
+      ValueError: any other dtype, naming the two.
+    """
+    dtype = jnp.dtype(dtype)
+    if dtype not in DTYPES:
+        raise ValueError(f"out_dtype must be float32 or bfloat16, got {dtype}")
+    return dtype
+
+
 def matmul_panels(x: jax.Array, panels, ns, out_dtype=jnp.float32) -> list[jax.Array]:
     """``[x @ unpack_panels(p, n) for p, n in zip(panels, ns)]`` in one call: ``x [T, K]`` float32
     or bfloat16 (T <= ``MAX_ROWS``), each ``p [ceil(n / 16), K, 16]`` float32 or bfloat16
@@ -266,7 +278,5 @@ def matmul_panels(x: jax.Array, panels, ns, out_dtype=jnp.float32) -> list[jax.A
     """
     if not enabled():
         raise RuntimeError(f"the CPU matmul kernel is off: {describe()}")
-    if jnp.dtype(out_dtype) not in DTYPES:
-        raise ValueError(f"out_dtype must be float32 or bfloat16, got {jnp.dtype(out_dtype)}")
-    outs = [jax.ShapeDtypeStruct((x.shape[0], n), out_dtype) for n in ns]
+    outs = [jax.ShapeDtypeStruct((x.shape[0], n), result_dtype(out_dtype)) for n in ns]
     return jax.ffi.ffi_call(_TARGETS["panels"], outs, vmap_method="sequential")(x, *panels)
