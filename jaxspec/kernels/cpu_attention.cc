@@ -21,7 +21,8 @@
 // them among the new entries, after the committed slots), and for that list computes
 //   s_j = dot(q, k_j) * scale   (8 lane sums over h = l mod 8 (AVX2) added in a fixed tree, then
 //                                the h mod 8 tail; or one sequential chain on the portable path)
-//   m = max_j s_j,  p_j = exp(s_j - m),  l = sum_j p_j (sequential),
+//   m = max_j s_j,  p_j = exp(s_j - m)  (exp8 below on the AVX2 path, std::exp on the portable
+//                                        one),  l = sum_j p_j (sequential),
 //   out = (sum_j p_j v_j) / l   (per dimension, one sequential chain over j).
 // So a token's attention output in a T-token verify window is bitwise the one it gets in its
 // own 1-token pass, which the weight products (cpu_matmul.cc) already guarantee for the rest.
@@ -30,9 +31,11 @@
 //
 // Threads: one task per (batch row, KV head, chunk of up to kChunkQueries of its T * H / K
 // queries); a task reads each key and value row its queries see once (widened once when
-// bfloat16) and applies it to all of them, the dots of 4 queries interleaved; every query's
-// own sequence of operations is the one above, whatever its chunk (parallel_chunks,
-// cpu_parallel.h). Compiled with -ffp-contract=off (see cpu_matmul.cc).
+// bfloat16) and applies it to all of them. On the AVX2 path the chunk's queries sit in the
+// lanes of one vector: a key's dots with all of them come out as one vector (the lane trees of 8
+// dots added at once), and the max, exp and l run 8 queries wide; every query's own sequence of
+// operations is the one above, whatever its chunk (parallel_chunks, cpu_parallel.h). Compiled
+// with -ffp-contract=off (see cpu_matmul.cc).
 
 #include <cmath>
 #include <cstdint>
@@ -54,78 +57,27 @@ constexpr int64_t kMaxHeadDim = 512;
 // read, and a window's queries still spread over the threads.
 constexpr int64_t kChunkQueries = 8;
 
-// Row `i` (h values) of a float32 or bfloat16 buffer, widened into `tmp` when bfloat16.
+#ifdef JAXSPEC_X86
+// h bfloat16 values widened to float32, 8 at a time, then the tail.
+__attribute__((target("avx2,fma"))) void widen_avx2(const uint16_t* src, int64_t h, float* dst) {
+  int64_t d = 0;
+  for (; d + 8 <= h; d += 8) _mm256_storeu_ps(dst + d, jaxspec_cpu::load_w8<true>(src, d));
+  for (; d < h; ++d) dst[d] = jaxspec_cpu::bf16_to_f32(src[d]);
+}
+#endif
+
+// Row `i` (h values) of a float32 or bfloat16 buffer, widened into `tmp` when bfloat16 (exact).
 inline const float* row(const void* base, bool bf16, int64_t i, int64_t h, float* tmp) {
   if (!bf16) return static_cast<const float*>(base) + i * h;
   const uint16_t* src = static_cast<const uint16_t*>(base) + i * h;
-  for (int64_t d = 0; d < h; ++d) {
-    uint32_t u = static_cast<uint32_t>(src[d]) << 16;
-    std::memcpy(tmp + d, &u, sizeof(float));
+#ifdef JAXSPEC_X86
+  if (cpu_has_avx2()) {
+    widen_avx2(src, h, tmp);
+    return tmp;
   }
+#endif
+  for (int64_t d = 0; d < h; ++d) tmp[d] = jaxspec_cpu::bf16_to_f32(src[d]);
   return tmp;
-}
-
-float dot_portable(const float* a, const float* b, int64_t h) {
-  float acc = 0.0f;
-  for (int64_t d = 0; d < h; ++d) acc = acc + a[d] * b[d];
-  return acc;
-}
-
-void axpy_portable(float p, const float* v, float* out, int64_t h) {
-  for (int64_t d = 0; d < h; ++d) out[d] = out[d] + p * v[d];
-}
-
-#ifdef JAXSPEC_X86
-// The fixed tree of a dot's 8 lane sums, (l0+l4, l1+l5, l2+l6, l3+l7), then pairs, then the
-// last pair, followed by the h mod 8 tail from d on.
-__attribute__((target("avx2,fma"))) inline float finish_dot(__m256 acc, const float* a, const float* b, int64_t d,
-                                                            int64_t h) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-  float r = _mm_cvtss_f32(s);
-  for (; d < h; ++d) r = std::fma(a[d], b[d], r);
-  return r;
-}
-
-__attribute__((target("avx2,fma"))) float dot_avx2(const float* a, const float* b, int64_t h) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= h; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-  return finish_dot(acc, a, b, d, h);
-}
-
-// NQ queries (rows of qs, h apart) dotted with one key: each exactly dot_avx2's sequence, the
-// NQ chains interleaved so that they overlap.
-template <int NQ>
-__attribute__((target("avx2,fma"))) void dots_avx2(const float* qs, const float* k, int64_t h, float* out) {
-  __m256 acc[NQ];
-  for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_ps();
-  int64_t d = 0;
-  for (; d + 8 <= h; d += 8) {
-    const __m256 kd = _mm256_loadu_ps(k + d);
-    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * h + d), kd, acc[i]);
-  }
-  for (int i = 0; i < NQ; ++i) out[i] = finish_dot(acc[i], qs + i * h, k, d, h);
-}
-
-#endif
-
-// `nq` queries (rows of qs) dotted with key k, into out[0..nq).
-void dots(const float* qs, int64_t nq, const float* k, int64_t h, float* out, bool avx2) {
-#ifdef JAXSPEC_X86
-  if (avx2) {
-    int64_t i = 0;
-    for (; i + 4 <= nq; i += 4) dots_avx2<4>(qs + i * h, k, h, out + i);
-    switch (nq - i) {
-      case 3: dots_avx2<3>(qs + i * h, k, h, out + i); break;
-      case 2: dots_avx2<2>(qs + i * h, k, h, out + i); break;
-      case 1: dots_avx2<1>(qs + i * h, k, h, out + i); break;
-    }
-    return;
-  }
-#endif
-  for (int64_t i = 0; i < nq; ++i) out[i] = dot_portable(qs + i * h, k, h);
 }
 
 struct Problem {
@@ -137,59 +89,182 @@ struct Problem {
   float scale;
 };
 
-// out = (sum over the keys j a query sees, in order, of p[j] * v_j) / denom, each element one
-// sequential chain of FMAs from 0 (one axpy per key), then one division.
-void weighted_values_portable(const float* p, const uint8_t* seen, const float* const* v, int64_t m, int64_t h,
-                              float denom, float* out) {
-  std::fill(out, out + h, 0.0f);
-  for (int64_t j = 0; j < m; ++j)
-    if (seen[j]) axpy_portable(p[j], v[j], out, h);
-  for (int64_t d = 0; d < h; ++d) out[d] = out[d] / denom;
+// What one task has gathered for its nq (<= kChunkQueries) queries before any arithmetic: the
+// m keys any of them sees (cache slots ascending, then new entries ascending) as float32 rows,
+// which of them each query sees, the queries as float32 rows, and where each result goes.
+struct Chunk {
+  int64_t nq, m, h;
+  const float* const* krow;  // [m] key rows
+  const float* const* vrow;  // [m] value rows
+  const uint8_t* vis;        // [m, kChunkQueries]: vis[j * kChunkQueries + i], query i sees key j
+  const float* qs;           // [nq, h]
+  float* const* outs;        // [nq] float32 results
+  float scale;
+};
+
+// The portable path, one query at a time: scores s_j = dot(q, k_j) * scale (one sequential
+// chain), m = max, p_j = exp(s_j - m), l = sum_j p_j and out = (sum_j p_j v_j) / l, each sum
+// one sequential chain over the visible keys in order.
+void attend_portable(const Chunk& c, float* scores) {
+  const int64_t m = c.m, h = c.h;
+  for (int64_t i = 0; i < c.nq; ++i) {
+    const float* q = c.qs + i * h;
+    float* out = c.outs[i];
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < m; ++j) {
+      if (!c.vis[j * kChunkQueries + i]) continue;
+      float acc = 0.0f;
+      for (int64_t d = 0; d < h; ++d) acc = acc + q[d] * c.krow[j][d];
+      scores[j] = acc * c.scale;
+      mx = std::max(mx, scores[j]);
+    }
+    float l = 0.0f;
+    std::fill(out, out + h, 0.0f);
+    for (int64_t j = 0; j < m; ++j) {
+      if (!c.vis[j * kChunkQueries + i]) continue;
+      const float pj = std::exp(scores[j] - mx);
+      l = l + pj;
+      for (int64_t d = 0; d < h; ++d) out[d] = out[d] + pj * c.vrow[j][d];
+    }
+    if (l == 0.0f) {  // the query sees nothing: zeros (XLA's softmax over an all-masked row gives NaN; never asked for)
+      std::fill(out, out + h, 0.0f);
+      continue;
+    }
+    for (int64_t d = 0; d < h; ++d) out[d] = out[d] / l;
+  }
 }
 
 #ifdef JAXSPEC_X86
-// weighted_values_portable's sums with 64 outputs at a time in registers: the same FMA per
-// element and key, in the same order.
-__attribute__((target("avx2,fma"))) void weighted_values_avx2(const float* p, const uint8_t* seen,
-                                                              const float* const* v, int64_t m, int64_t h,
-                                                              float denom, float* out) {
+// Eight dots at once: acc[i] holds dot i's 8 lane sums l0..l7; lane i of the result is
+// ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), the fixed tree every dot of this path takes
+// (the h mod 8 tail is added after it, in order).
+__attribute__((target("avx2,fma"))) inline __m256 lane_trees8(const __m256* acc) {
+  __m256 b[4];
+  for (int i = 0; i < 4; ++i)  // [l_x + l_{x+4} of dot i | of dot i + 4], x = 0..3
+    b[i] = _mm256_add_ps(_mm256_permute2f128_ps(acc[i], acc[i + 4], 0x20),
+                         _mm256_permute2f128_ps(acc[i], acc[i + 4], 0x31));
+  // [s0 + s2, s1 + s3] of dots (0, 1 | 4, 5) and (2, 3 | 6, 7)
+  const __m256 c01 = _mm256_add_ps(_mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 c23 = _mm256_add_ps(_mm256_shuffle_ps(b[2], b[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(b[2], b[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_add_ps(_mm256_shuffle_ps(c01, c23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm256_shuffle_ps(c01, c23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Key k dotted with the NQ queries qs (rows h apart), times scale, into lanes 0..NQ-1 of out.
+template <int NQ>
+__attribute__((target("avx2,fma"))) inline void key_scores(const float* qs, const float* k, int64_t h, float scale,
+                                                           float* out) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= h; d += 8) {
+    const __m256 kd = _mm256_loadu_ps(k + d);
+    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * h + d), kd, acc[i]);
+  }
+  const __m256 sums = lane_trees8(acc);
+  if (d == h) {
+    _mm256_storeu_ps(out, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+    return;
+  }
+  alignas(32) float r[8];
+  _mm256_store_ps(r, sums);
+  for (int i = 0; i < NQ; ++i) {
+    for (int64_t e = d; e < h; ++e) r[i] = std::fma(qs[i * h + e], k[e], r[i]);
+    out[i] = r[i] * scale;
+  }
+}
+
+// Lanes of an 8-byte visibility row as a mask (all ones where the byte is nonzero).
+__attribute__((target("avx2,fma"))) inline __m256 lane_mask(const uint8_t* vis) {
+  const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(vis)));
+  return _mm256_castsi256_ps(_mm256_cmpgt_epi32(v, _mm256_setzero_si256()));
+}
+
+// exp of 8 floats: Cody-Waite reduction x = n ln2 + r (n = round(x log2 e), ln2 in two parts),
+// a degree-5 polynomial on r (Cephes' expf coefficients), times 2^n built in the exponent field.
+// Within 1 ulp of std::exp on [-87.3, 88.37] (checked at 475,000 points), 0 below -87.34 (where
+// exp is under 2^-126), NaN kept; inputs above 88.37 are clamped there (the kernel's are <= 0: a
+// score minus the query's max). One fixed sequence of operations per element, so a result
+// depends on its input only.
+__attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f), hi = _mm256_set1_ps(88.3762626f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_min_ps(hi, _mm256_max_ps(lo, x));  // a NaN x passes (max/min return their second operand)
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+// The AVX2 path: the portable path's softmax with the chunk's queries in the lanes of one
+// vector. scores [m, 8]: row j the scaled dots of key j with every query (the key read once),
+// each dot 8 lane sums in a fixed tree (lane_trees8) and the tail; per query the max and
+// exp(s_j - max) over the keys it sees, l one sequential sum in key order; the weighted values
+// 8 outputs x NQ queries at a time in registers, each element one sequential FMA chain over the
+// keys the query sees, in order; out = that / l. A key a query does not see is dotted but never
+// used.
+template <int NQ>
+__attribute__((target("avx2,fma"))) void attend_avx2(const Chunk& c, float* scores) {
+  constexpr int64_t W = kChunkQueries;
+  const int64_t m = c.m, h = c.h;
+  for (int64_t j = 0; j < m; ++j) key_scores<NQ>(c.qs, c.krow[j], h, c.scale, scores + j * W);
+  __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < m; ++j)  // max(s, mx) is mx when s is NaN, as std::max(mx, s)
+    mx = _mm256_max_ps(_mm256_blendv_ps(mx, _mm256_loadu_ps(scores + j * W), lane_mask(c.vis + j * W)), mx);
+  __m256 l = _mm256_setzero_ps();
+  for (int64_t j = 0; j < m; ++j) {
+    float* sj = scores + j * W;
+    const __m256 pj = exp8(_mm256_sub_ps(_mm256_loadu_ps(sj), mx));
+    _mm256_storeu_ps(sj, pj);
+    l = _mm256_blendv_ps(l, _mm256_add_ps(l, pj), lane_mask(c.vis + j * W));
+  }
+  alignas(32) float ls[8];
+  _mm256_store_ps(ls, l);
+  // keys every query of the chunk sees take no per-query test
+  thread_local std::vector<uint8_t> all_buf;
+  all_buf.resize(m);
+  uint8_t* all = all_buf.data();
+  for (int64_t j = 0; j < m; ++j) {
+    bool every = true;
+    for (int i = 0; i < NQ; ++i) every &= c.vis[j * W + i] != 0;
+    all[j] = every;
+  }
   int64_t d0 = 0;
-  for (; d0 + 64 <= h; d0 += 64) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (int64_t j = 0; j < m; ++j) {
-      if (!seen[j]) continue;
-      const __m256 pv = _mm256_set1_ps(p[j]);
-      const float* vj = v[j] + d0;
-      a0 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj), a0);
-      a1 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 8), a1);
-      a2 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 16), a2);
-      a3 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 24), a3);
-      a4 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 32), a4);
-      a5 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 40), a5);
-      a6 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 48), a6);
-      a7 = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vj + 56), a7);
-    }
-    const __m256 dv = _mm256_set1_ps(denom);
-    _mm256_storeu_ps(out + d0, _mm256_div_ps(a0, dv));
-    _mm256_storeu_ps(out + d0 + 8, _mm256_div_ps(a1, dv));
-    _mm256_storeu_ps(out + d0 + 16, _mm256_div_ps(a2, dv));
-    _mm256_storeu_ps(out + d0 + 24, _mm256_div_ps(a3, dv));
-    _mm256_storeu_ps(out + d0 + 32, _mm256_div_ps(a4, dv));
-    _mm256_storeu_ps(out + d0 + 40, _mm256_div_ps(a5, dv));
-    _mm256_storeu_ps(out + d0 + 48, _mm256_div_ps(a6, dv));
-    _mm256_storeu_ps(out + d0 + 56, _mm256_div_ps(a7, dv));
-  }
   for (; d0 + 8 <= h; d0 += 8) {
-    __m256 a = _mm256_setzero_ps();
-    for (int64_t j = 0; j < m; ++j)
-      if (seen[j]) a = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v[j] + d0), a);
-    _mm256_storeu_ps(out + d0, _mm256_div_ps(a, _mm256_set1_ps(denom)));
+    __m256 acc[NQ];
+    for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < m; ++j) {
+      const __m256 v = _mm256_loadu_ps(c.vrow[j] + d0);
+      const float* pj = scores + j * W;
+      const uint8_t* vj = c.vis + j * W;
+      if (all[j]) {
+        for (int i = 0; i < NQ; ++i) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(pj[i]), v, acc[i]);
+      } else {
+        for (int i = 0; i < NQ; ++i)
+          if (vj[i]) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(pj[i]), v, acc[i]);
+      }
+    }
+    for (int i = 0; i < NQ; ++i) _mm256_storeu_ps(c.outs[i] + d0, _mm256_div_ps(acc[i], _mm256_set1_ps(ls[i])));
   }
-  for (; d0 < h; ++d0) {
-    float a = 0.0f;
-    for (int64_t j = 0; j < m; ++j)
-      if (seen[j]) a = std::fma(p[j], v[j][d0], a);
-    out[d0] = a / denom;
+  for (int i = 0; i < NQ; ++i) {
+    for (int64_t d = d0; d < h; ++d) {
+      float a = 0.0f;
+      for (int64_t j = 0; j < m; ++j)
+        if (c.vis[j * W + i]) a = std::fma(scores[j * W + i], c.vrow[j][d], a);
+      c.outs[i][d] = a / ls[i];
+    }
+    if (ls[i] == 0.0f) std::fill(c.outs[i], c.outs[i] + h, 0.0f);  // sees nothing: as the portable path
   }
 }
 #endif
@@ -201,7 +276,7 @@ __attribute__((target("avx2,fma"))) void weighted_values_avx2(const float* p, co
 void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, bool avx2) {
   const int64_t g = p.n_heads / p.n_kv, h = p.h, r0 = q0 / g, rows = (q0 + nq - 1) / g + 1 - r0;
   // thread_local buffers, reached once (each thread_local access may cost a call)
-  thread_local std::vector<float> scores_buf, widened_buf, dot_buf, results_buf;
+  thread_local std::vector<float> scores_buf, widened_buf, results_buf;
   thread_local std::vector<int64_t> keys_buf;
   thread_local std::vector<uint8_t> vis_buf;
   thread_local std::vector<const float*> krow_buf, vrow_buf;
@@ -225,14 +300,14 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
     keys[m] = p.s + j;
     m += any;
   }
-  // which of them each query row sees: [rows, m]
-  vis_buf.resize(rows * m);
-  uint8_t* vis_rows = vis_buf.data();
-  for (int64_t r = 0; r < rows; ++r) {
+  // which of them each query sees: [m, kChunkQueries], lanes past nq unset
+  vis_buf.assign(m * kChunkQueries, 0);
+  uint8_t* vis = vis_buf.data();
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const int64_t r = (q0 + qi) / g - r0;
     const bool* sc = seen_c + r * p.s;
     const bool* sn = seen_n + r * p.n - p.s;
-    uint8_t* vr = vis_rows + r * m;
-    for (int64_t j = 0; j < m; ++j) vr[j] = keys[j] < p.s ? sc[keys[j]] : sn[keys[j]];
+    for (int64_t j = 0; j < m; ++j) vis[j * kChunkQueries + qi] = keys[j] < p.s ? sc[keys[j]] : sn[keys[j]];
   }
   // the key and value rows, as float32 (bfloat16 widened once here)
   krow_buf.resize(m);
@@ -261,40 +336,24 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
     if (src != qs + qi * h) std::memcpy(qs + qi * h, src, h * sizeof(float));
     outs[qi] = p.out_bf16 ? results_buf.data() + qi * h : static_cast<float*>(p.out) + at[qi] * h;
   }
-  // scores [nq, m]: every query with every key of the union (a key a query does not see is
-  // dotted too, and never used)
-  scores_buf.resize(nq * m);
-  dot_buf.resize(nq);
+  const Chunk chunk{nq, m, h, krow, vrow, vis, qs, outs, p.scale};
+  scores_buf.resize(m * kChunkQueries);
   float* scores = scores_buf.data();
-  float* dot_out = dot_buf.data();
-  for (int64_t j = 0; j < m; ++j) {
-    dots(qs, nq, krow[j], h, dot_out, avx2);
-    for (int64_t qi = 0; qi < nq; ++qi) scores[qi * m + j] = dot_out[qi] * p.scale;
-  }
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    float* si = scores + qi * m;
-    const uint8_t* vi = vis_rows + ((q0 + qi) / g - r0) * m;
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < m; ++j)
-      if (vi[j]) mx = std::max(mx, si[j]);
-    float l = 0.0f;
-    for (int64_t j = 0; j < m; ++j)
-      if (vi[j]) {
-        si[j] = std::exp(si[j] - mx);
-        l = l + si[j];
-      }
-    if (l == 0.0f) {  // the query sees nothing: zeros (XLA's softmax over an all-masked row gives NaN; never asked for)
-      std::fill(outs[qi], outs[qi] + h, 0.0f);
-      continue;
-    }
 #ifdef JAXSPEC_X86
-    if (avx2) {
-      weighted_values_avx2(si, vi, vrow, m, h, l, outs[qi]);
-      continue;
+  if (avx2) {
+    switch (nq) {
+      case 1: attend_avx2<1>(chunk, scores); break;
+      case 2: attend_avx2<2>(chunk, scores); break;
+      case 3: attend_avx2<3>(chunk, scores); break;
+      case 4: attend_avx2<4>(chunk, scores); break;
+      case 5: attend_avx2<5>(chunk, scores); break;
+      case 6: attend_avx2<6>(chunk, scores); break;
+      case 7: attend_avx2<7>(chunk, scores); break;
+      default: attend_avx2<8>(chunk, scores); break;
     }
+  } else
 #endif
-    weighted_values_portable(si, vi, vrow, m, h, l, outs[qi]);
-  }
+    attend_portable(chunk, scores);
   if (p.out_bf16)
     for (int64_t qi = 0; qi < nq; ++qi)
       jaxspec_cpu::store_row(outs[qi], static_cast<uint16_t*>(p.out) + at[qi] * h, true, h);
