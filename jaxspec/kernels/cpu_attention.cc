@@ -30,8 +30,8 @@
 // reads: only the slots a query sees are read, not the whole static-shape cache).
 //
 // Threads: one task per (batch row, KV head, chunk of up to kChunkQueries of its T * H / K
-// queries); a task reads each key and value row its queries see once (widened once when
-// bfloat16) and applies it to all of them. On the AVX2 path the chunk's queries sit in the
+// queries); a task reads each key and value row its queries see once (bfloat16 widened in
+// registers as it is read) and applies it to all of them. On the AVX2 path the chunk's queries sit in the
 // lanes of one vector: a key's dots with all of them come out as one vector (the lane trees of 8
 // dots added at once), and the max, exp and l run 8 queries wide; every query's own sequence of
 // operations is the one above, whatever its chunk (parallel_chunks, cpu_parallel.h). Compiled
@@ -51,6 +51,9 @@ namespace {
 
 using jaxspec_cpu::cpu_has_avx2;
 using jaxspec_cpu::parallel_chunks;
+#ifdef JAXSPEC_X86
+using jaxspec_cpu::load_w8;
+#endif
 
 constexpr int64_t kMaxHeadDim = 512;
 // Queries (query rows x the heads of one KV head) per task: they share every key and value
@@ -90,15 +93,16 @@ struct Problem {
 };
 
 // What one task has gathered for its nq (<= kChunkQueries) queries before any arithmetic: the
-// m keys any of them sees (cache slots ascending, then new entries ascending) as float32 rows,
-// which of them each query sees, the queries as float32 rows, and where each result goes.
+// m keys any of them sees (cache slots ascending, then new entries ascending), which of them
+// each query sees, the queries as float32 rows, and where each result goes.
 struct Chunk {
   int64_t nq, m, h;
-  const float* const* krow;  // [m] key rows
-  const float* const* vrow;  // [m] value rows
-  const uint8_t* vis;        // [m, kChunkQueries]: vis[j * kChunkQueries + i], query i sees key j
-  const float* qs;           // [nq, h]
-  float* const* outs;        // [nq] float32 results
+  const void* const* krow;  // [m] key rows: float32 (widened if need be), or bfloat16 as
+  const void* const* vrow;  // stored when kv_bf16 (AVX2 path only); [m] value rows, alike
+  bool kv_bf16;
+  const uint8_t* vis;   // [m, kChunkQueries]: vis[j * kChunkQueries + i], query i sees key j
+  const float* qs;      // [nq, h]
+  float* const* outs;   // [nq] float32 results
   float scale;
 };
 
@@ -114,7 +118,7 @@ void attend_portable(const Chunk& c, float* scores) {
     for (int64_t j = 0; j < m; ++j) {
       if (!c.vis[j * kChunkQueries + i]) continue;
       float acc = 0.0f;
-      for (int64_t d = 0; d < h; ++d) acc = acc + q[d] * c.krow[j][d];
+      for (int64_t d = 0; d < h; ++d) acc = acc + q[d] * static_cast<const float*>(c.krow[j])[d];
       scores[j] = acc * c.scale;
       mx = std::max(mx, scores[j]);
     }
@@ -124,7 +128,7 @@ void attend_portable(const Chunk& c, float* scores) {
       if (!c.vis[j * kChunkQueries + i]) continue;
       const float pj = std::exp(scores[j] - mx);
       l = l + pj;
-      for (int64_t d = 0; d < h; ++d) out[d] = out[d] + pj * c.vrow[j][d];
+      for (int64_t d = 0; d < h; ++d) out[d] = out[d] + pj * static_cast<const float*>(c.vrow[j])[d];
     }
     if (l == 0.0f) {  // the query sees nothing: zeros (XLA's softmax over an all-masked row gives NaN; never asked for)
       std::fill(out, out + h, 0.0f);
@@ -135,6 +139,12 @@ void attend_portable(const Chunk& c, float* scores) {
 }
 
 #ifdef JAXSPEC_X86
+// Element e of a float32 or (BF16) bfloat16 row, as float32.
+template <bool BF16>
+inline float element(const void* row, int64_t e) {
+  return BF16 ? jaxspec_cpu::bf16_to_f32(static_cast<const uint16_t*>(row)[e]) : static_cast<const float*>(row)[e];
+}
+
 // Eight dots at once: acc[i] holds dot i's 8 lane sums l0..l7; lane i of the result is
 // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), the fixed tree every dot of this path takes
 // (the h mod 8 tail is added after it, in order).
@@ -153,14 +163,14 @@ __attribute__((target("avx2,fma"))) inline __m256 lane_trees8(const __m256* acc)
 }
 
 // Key k dotted with the NQ queries qs (rows h apart), times scale, into lanes 0..NQ-1 of out.
-template <int NQ>
-__attribute__((target("avx2,fma"))) inline void key_scores(const float* qs, const float* k, int64_t h, float scale,
+template <int NQ, bool BF16>
+__attribute__((target("avx2,fma"))) inline void key_scores(const float* qs, const void* k, int64_t h, float scale,
                                                            float* out) {
   __m256 acc[8];
   for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
   int64_t d = 0;
   for (; d + 8 <= h; d += 8) {
-    const __m256 kd = _mm256_loadu_ps(k + d);
+    const __m256 kd = load_w8<BF16>(k, d);
     for (int i = 0; i < NQ; ++i) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qs + i * h + d), kd, acc[i]);
   }
   const __m256 sums = lane_trees8(acc);
@@ -171,7 +181,7 @@ __attribute__((target("avx2,fma"))) inline void key_scores(const float* qs, cons
   alignas(32) float r[8];
   _mm256_store_ps(r, sums);
   for (int i = 0; i < NQ; ++i) {
-    for (int64_t e = d; e < h; ++e) r[i] = std::fma(qs[i * h + e], k[e], r[i]);
+    for (int64_t e = d; e < h; ++e) r[i] = std::fma(qs[i * h + e], element<BF16>(k, e), r[i]);
     out[i] = r[i] * scale;
   }
 }
@@ -214,11 +224,11 @@ __attribute__((target("avx2,fma"))) inline __m256 exp8(__m256 x) {
 // 8 outputs x NQ queries at a time in registers, each element one sequential FMA chain over the
 // keys the query sees, in order; out = that / l. A key a query does not see is dotted but never
 // used.
-template <int NQ>
+template <int NQ, bool BF16>
 __attribute__((target("avx2,fma"))) void attend_avx2(const Chunk& c, float* scores) {
   constexpr int64_t W = kChunkQueries;
   const int64_t m = c.m, h = c.h;
-  for (int64_t j = 0; j < m; ++j) key_scores<NQ>(c.qs, c.krow[j], h, c.scale, scores + j * W);
+  for (int64_t j = 0; j < m; ++j) key_scores<NQ, BF16>(c.qs, c.krow[j], h, c.scale, scores + j * W);
   __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < m; ++j)  // max(s, mx) is mx when s is NaN, as std::max(mx, s)
     mx = _mm256_max_ps(_mm256_blendv_ps(mx, _mm256_loadu_ps(scores + j * W), lane_mask(c.vis + j * W)), mx);
@@ -245,7 +255,7 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const Chunk& c, float* scor
     __m256 acc[NQ];
     for (int i = 0; i < NQ; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < m; ++j) {
-      const __m256 v = _mm256_loadu_ps(c.vrow[j] + d0);
+      const __m256 v = load_w8<BF16>(c.vrow[j], d0);
       const float* pj = scores + j * W;
       const uint8_t* vj = c.vis + j * W;
       if (all[j]) {
@@ -261,7 +271,7 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const Chunk& c, float* scor
     for (int64_t d = d0; d < h; ++d) {
       float a = 0.0f;
       for (int64_t j = 0; j < m; ++j)
-        if (c.vis[j * W + i]) a = std::fma(scores[j * W + i], c.vrow[j][d], a);
+        if (c.vis[j * W + i]) a = std::fma(scores[j * W + i], element<BF16>(c.vrow[j], d), a);
       c.outs[i][d] = a / ls[i];
     }
     if (ls[i] == 0.0f) std::fill(c.outs[i], c.outs[i] + h, 0.0f);  // sees nothing: as the portable path
@@ -279,7 +289,7 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
   thread_local std::vector<float> scores_buf, widened_buf, results_buf;
   thread_local std::vector<int64_t> keys_buf;
   thread_local std::vector<uint8_t> vis_buf;
-  thread_local std::vector<const float*> krow_buf, vrow_buf;
+  thread_local std::vector<const void*> krow_buf, vrow_buf;
   // the keys any of the rows sees, in order: cache slots ascending, then new entries ascending
   // (local pointers throughout: a store through a byte pointer may alias anything, and the
   // compiler would reload every vector's data pointer after each one)
@@ -312,8 +322,11 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
   // the key and value rows, as float32 (bfloat16 widened once here)
   krow_buf.resize(m);
   vrow_buf.resize(m);
-  const float** krow = krow_buf.data();
-  const float** vrow = vrow_buf.data();
+  const void** krow = krow_buf.data();
+  const void** vrow = vrow_buf.data();
+  // bfloat16 keys and values (cache and new part alike) are read as stored and widened in
+  // registers on the AVX2 path; otherwise any bfloat16 rows are widened here, once
+  const bool kv_bf16 = avx2 && p.c_bf16 && (p.n_bf16 || p.n == 0);
   const bool any_bf16 = p.c_bf16 || p.n_bf16 || p.q_bf16;
   widened_buf.resize(any_bf16 ? (2 * m + nq) * h : nq * h);
   float* widened = widened_buf.data();
@@ -321,8 +334,14 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
     const int64_t key = keys[j];
     const bool cache = key < p.s, bf16 = cache ? p.c_bf16 : p.n_bf16;
     const int64_t i = cache ? (b * p.s + key) * p.n_kv + kv : (b * p.n + key - p.s) * p.n_kv + kv;
-    krow[j] = row(cache ? p.kc : p.kn, bf16, i, h, bf16 ? widened + j * h : nullptr);
-    vrow[j] = row(cache ? p.vc : p.vn, bf16, i, h, bf16 ? widened + (m + j) * h : nullptr);
+    const void *kb = cache ? p.kc : p.kn, *vb = cache ? p.vc : p.vn;
+    if (kv_bf16) {
+      krow[j] = static_cast<const uint16_t*>(kb) + i * h;
+      vrow[j] = static_cast<const uint16_t*>(vb) + i * h;
+      continue;
+    }
+    krow[j] = row(kb, bf16, i, h, bf16 ? widened + j * h : nullptr);
+    vrow[j] = row(vb, bf16, i, h, bf16 ? widened + (m + j) * h : nullptr);
   }
   float* qs = widened + (any_bf16 ? 2 * m * h : 0);
   // each query's float32 result: its row of out, or (bfloat16 out) of `results`, rounded at the end
@@ -336,21 +355,19 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
     if (src != qs + qi * h) std::memcpy(qs + qi * h, src, h * sizeof(float));
     outs[qi] = p.out_bf16 ? results_buf.data() + qi * h : static_cast<float*>(p.out) + at[qi] * h;
   }
-  const Chunk chunk{nq, m, h, krow, vrow, vis, qs, outs, p.scale};
+  const Chunk chunk{nq, m, h, krow, vrow, kv_bf16, vis, qs, outs, p.scale};
   scores_buf.resize(m * kChunkQueries);
   float* scores = scores_buf.data();
 #ifdef JAXSPEC_X86
   if (avx2) {
-    switch (nq) {
-      case 1: attend_avx2<1>(chunk, scores); break;
-      case 2: attend_avx2<2>(chunk, scores); break;
-      case 3: attend_avx2<3>(chunk, scores); break;
-      case 4: attend_avx2<4>(chunk, scores); break;
-      case 5: attend_avx2<5>(chunk, scores); break;
-      case 6: attend_avx2<6>(chunk, scores); break;
-      case 7: attend_avx2<7>(chunk, scores); break;
-      default: attend_avx2<8>(chunk, scores); break;
-    }
+    using Path = void (*)(const Chunk&, float*);
+    static constexpr Path kF32[8] = {attend_avx2<1, false>, attend_avx2<2, false>, attend_avx2<3, false>,
+                                     attend_avx2<4, false>, attend_avx2<5, false>, attend_avx2<6, false>,
+                                     attend_avx2<7, false>, attend_avx2<8, false>};
+    static constexpr Path kBF16[8] = {attend_avx2<1, true>, attend_avx2<2, true>, attend_avx2<3, true>,
+                                      attend_avx2<4, true>, attend_avx2<5, true>, attend_avx2<6, true>,
+                                      attend_avx2<7, true>, attend_avx2<8, true>};
+    (kv_bf16 ? kBF16 : kF32)[nq - 1](chunk, scores);
   } else
 #endif
     attend_portable(chunk, scores);
