@@ -36,9 +36,12 @@ TensorRT-LLM: resuming would first need the drafter's own cache to read every to
 skipped (for the 0.5B Qwen draft on this CPU a 9-token forward costs 2.5x a 1-token one,
 ``benchmarks/results/pass_cost_qwen2.5-coder-0.5b-qwen2.5-coder-1.5b_cpu_2026-12-03.json``,
 i.e. ~0.8 of a target step per resume). The gate reads only the row's past, so every step stays lossless: same greedy
-tokens, same output distribution. Measured with these thresholds (batch 1, greedy): Qwen pair
-0.92x -> 0.97x median over 15 questions, code unchanged; SmolLM2's Medusa 0.81x -> 0.99x,
-EAGLE 0.98x -> 0.99x (``benchmarks/results/spec_bench_*-gate_cpu_2026-12-04.md``).
+tokens, same output distribution. Measured with the thresholds of 2026-12-04 (batch 1, greedy):
+Qwen pair 0.92x -> 0.97x median over 15 questions, code unchanged; SmolLM2's Medusa 0.81x ->
+0.99x, EAGLE 0.98x -> 0.99x (``benchmarks/results/spec_bench_*-gate_cpu_2026-12-04.md``). On the
+CPU kernels of 2026-12-07 (``BREAK_EVEN`` below, measured again), SmolLM2's heads gated at their
+new thresholds ran 0.96-1.03x plain, EAGLE chains of 2 ungated 1.04x
+(``benchmarks/results/spec_bench_smollm2-135m-gate_cpu_2026-12-07.md``).
 
 ``disable_by_acceptance``:
 - ``"auto"`` (default): ``BREAK_EVEN[(backend, drafter kind, gamma)]``, the tau below which
@@ -90,17 +93,19 @@ GATE_WINDOW = 8
 # batch_sweep_qwen2.5-coder-1.5b-confidence_cpu_2026-12-03.json), tau 4.54 at 1.24x on code (3.66;
 # spec_bench_qwen2.5-coder-1.5b-code-confidence_cpu_2026-12-03.json); the cost grows with the drafts
 # kept, and the line through both points crosses tau = cost at 3.24.
-# cpu, eagle, 2 and medusa, 3: SmolLM2-135M's shipped heads (EAGLE-3 gamma 2,
-# Medusa-1 chain of 3), batch 1, 16 questions: tau 1.49 at 0.96x (cost 1.55) and tau 1.21 at
-# 0.81x (1.49) (batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json): a full-width step every time.
-# cpu, eagle, 4 and medusa, 4 (the CLI's default gamma): the same heads on 13
-# Spec-Bench questions, 128 tokens: EAGLE g4 tau 1.52 at 0.83x (cost 1.83), Medusa chain of 4
-# tau 1.20 at 0.82x (1.46) (benchmarks/results/spec_bench_smollm2-135m-drafters_cpu_2026-12-03.md).
+# cpu, eagle, 2 and 4, medusa, 3 and 4: SmolLM2-135M's shipped heads (EAGLE-3, Medusa-1 chains),
+# batch 1, 13 Spec-Bench questions, 64 new tokens, gate off, on the CPU kernels of 2026-12-07
+# (panels, the attention with its queries in vector lanes): median over the questions of each
+# one's tau / speedup: EAGLE g2 1.27 (tau 1.45, 1.08x), Medusa chain of 3 1.26 (tau 1.19,
+# 0.93x), EAGLE g4 1.53 (tau 1.49, 0.93x), Medusa chain of 4 1.31 (tau 1.19, 0.90x)
+# (benchmarks/results/spec_bench_smollm2-135m-heads_cpu_2026-12-07.json). Measured on
+# 2026-12-03, before the kernels, they were 1.55, 1.49, 1.83 and 1.46: a verify window now costs
+# less against a 1-token pass, so less acceptance pays.
 # n-gram is not gated: where it finds no match it abstains, and that step costs a plain one
 # (a threshold the caller gives counts such steps as the one token they emit, as it does for a
 # draft model whose confidence stopped every chain: that step did cost a draft forward).
-BREAK_EVEN: dict[tuple[str, str, int], float] = {("cpu", "model", 4): 3.24, ("cpu", "eagle", 2): 1.55, ("cpu", "medusa", 3): 1.49,
-                                                 ("cpu", "eagle", 4): 1.83, ("cpu", "medusa", 4): 1.46}
+BREAK_EVEN: dict[tuple[str, str, int], float] = {("cpu", "model", 4): 3.24, ("cpu", "eagle", 2): 1.27, ("cpu", "medusa", 3): 1.26,
+                                                 ("cpu", "eagle", 4): 1.53, ("cpu", "medusa", 4): 1.31}
 
 
 def gate(disable_by_acceptance, drafter, backend: str | None = None) -> float | None:

@@ -21,6 +21,8 @@ RESULTS = {
     "spec_bench_smollm2_quiet": ("benchmarks/results/spec_bench_smollm2-135m-quiet_cpu_2026-12-02.json", "spec_bench"),
     "spec_bench_smollm2_drafters": ("benchmarks/results/spec_bench_smollm2-135m-drafters_cpu_2026-12-03.json", "spec_bench"),
     "spec_bench_smollm2_gate": ("benchmarks/results/spec_bench_smollm2-135m-gate_cpu_2026-12-04.json", "spec_bench"),
+    "spec_bench_smollm2_heads_kernels": ("benchmarks/results/spec_bench_smollm2-135m-heads_cpu_2026-12-07.json", "spec_bench"),
+    "spec_bench_smollm2_gate_kernels": ("benchmarks/results/spec_bench_smollm2-135m-gate_cpu_2026-12-07.json", "spec_bench"),
     "spec_bench_qwen": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b_cpu_2026-12-02.json", "spec_bench"),
     "spec_bench_qwen_gate": ("benchmarks/results/spec_bench_qwen2.5-coder-1.5b-gate_cpu_2026-12-04.json", "spec_bench"),
     "pass_cost_cpu": ("benchmarks/results/pass_cost_smollm2-135m-gemma3-270m_cpu_2026-12-01.json", "pass_cost"),
