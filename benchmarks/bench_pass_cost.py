@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--slots", type=int, default=512)
     ap.add_argument("--committed", type=int, default=200)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="JSON path (\".json\" added when missing; default: benchmarks/results/pass_cost_<models>[-<dtype>]_<host kind>_<date>.json)")
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="comma-separated T values")
     ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="parameter dtype (jaxspec.load)")
     ap.add_argument("--kernel", default="both", choices=("both", "layouts", "on", "off"),
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
         del model, params, arrays, plain_head
 
     started = _dt.datetime.now(_dt.timezone.utc)
-    stem = args.out or result_stem("pass_cost", args.models.replace(",", "-") + (f"-{args.dtype}" if args.dtype else ""), started)
+    stem = args.out.removesuffix(".json") if args.out else result_stem("pass_cost", args.models.replace(",", "-") + (f"-{args.dtype}" if args.dtype else ""), started)
     record = {"command": _switch_prefix() + "python -m benchmarks.bench_pass_cost " + " ".join(argv or sys.argv[1:]),
               "machine": machine_info(), "versions": versions(), "backend": jax.default_backend(),
               "settings": vars(args), "matmul": cpu_matmul.describe() if kernel else "XLA dot",
