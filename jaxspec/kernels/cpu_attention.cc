@@ -60,26 +60,10 @@ constexpr int64_t kMaxHeadDim = 512;
 // read, and a window's queries still spread over the threads.
 constexpr int64_t kChunkQueries = 8;
 
-#ifdef JAXSPEC_X86
-// h bfloat16 values widened to float32, 8 at a time, then the tail.
-__attribute__((target("avx2,fma"))) void widen_avx2(const uint16_t* src, int64_t h, float* dst) {
-  int64_t d = 0;
-  for (; d + 8 <= h; d += 8) _mm256_storeu_ps(dst + d, jaxspec_cpu::load_w8<true>(src, d));
-  for (; d < h; ++d) dst[d] = jaxspec_cpu::bf16_to_f32(src[d]);
-}
-#endif
-
 // Row `i` (h values) of a float32 or bfloat16 buffer, widened into `tmp` when bfloat16 (exact).
 inline const float* row(const void* base, bool bf16, int64_t i, int64_t h, float* tmp) {
   if (!bf16) return static_cast<const float*>(base) + i * h;
-  const uint16_t* src = static_cast<const uint16_t*>(base) + i * h;
-#ifdef JAXSPEC_X86
-  if (cpu_has_avx2()) {
-    widen_avx2(src, h, tmp);
-    return tmp;
-  }
-#endif
-  for (int64_t d = 0; d < h; ++d) tmp[d] = jaxspec_cpu::bf16_to_f32(src[d]);
+  jaxspec_cpu::widen(static_cast<const uint16_t*>(base) + i * h, h, tmp);
   return tmp;
 }
 
@@ -101,6 +85,7 @@ struct Chunk {
   const void* const* vrow;  // stored when kv_bf16 (AVX2 path only); [m] value rows, alike
   bool kv_bf16;
   const uint8_t* vis;   // [m, kChunkQueries]: vis[j * kChunkQueries + i], query i sees key j
+  const uint8_t* all;   // [m]: every query of the chunk sees key j
   const float* qs;      // [nq, h]
   float* const* outs;   // [nq] float32 results
   float scale;
@@ -241,15 +226,6 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const Chunk& c, float* scor
   }
   alignas(32) float ls[8];
   _mm256_store_ps(ls, l);
-  // keys every query of the chunk sees take no per-query test
-  thread_local std::vector<uint8_t> all_buf;
-  all_buf.resize(m);
-  uint8_t* all = all_buf.data();
-  for (int64_t j = 0; j < m; ++j) {
-    bool every = true;
-    for (int i = 0; i < NQ; ++i) every &= c.vis[j * W + i] != 0;
-    all[j] = every;
-  }
   int64_t d0 = 0;
   for (; d0 + 8 <= h; d0 += 8) {
     __m256 acc[NQ];
@@ -258,7 +234,7 @@ __attribute__((target("avx2,fma"))) void attend_avx2(const Chunk& c, float* scor
       const __m256 v = load_w8<BF16>(c.vrow[j], d0);
       const float* pj = scores + j * W;
       const uint8_t* vj = c.vis + j * W;
-      if (all[j]) {
+      if (c.all[j]) {  // keys every query sees take no per-query test
         for (int i = 0; i < NQ; ++i) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(pj[i]), v, acc[i]);
       } else {
         for (int i = 0; i < NQ; ++i)
@@ -288,7 +264,7 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
   // thread_local buffers, reached once (each thread_local access may cost a call)
   thread_local std::vector<float> scores_buf, widened_buf, results_buf;
   thread_local std::vector<int64_t> keys_buf;
-  thread_local std::vector<uint8_t> vis_buf;
+  thread_local std::vector<uint8_t> vis_buf, all_buf;
   thread_local std::vector<const void*> krow_buf, vrow_buf;
   // the keys any of the rows sees, in order: cache slots ascending, then new entries ascending
   // (local pointers throughout: a store through a byte pointer may alias anything, and the
@@ -319,7 +295,14 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
     const bool* sn = seen_n + r * p.n - p.s;
     for (int64_t j = 0; j < m; ++j) vis[j * kChunkQueries + qi] = keys[j] < p.s ? sc[keys[j]] : sn[keys[j]];
   }
-  // the key and value rows, as float32 (bfloat16 widened once here)
+  all_buf.resize(m);
+  uint8_t* all = all_buf.data();
+  for (int64_t j = 0; j < m; ++j) {
+    bool every = true;
+    for (int64_t qi = 0; qi < nq; ++qi) every &= vis[j * kChunkQueries + qi] != 0;
+    all[j] = every;
+  }
+  // the key and value rows
   krow_buf.resize(m);
   vrow_buf.resize(m);
   const void** krow = krow_buf.data();
@@ -327,8 +310,8 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
   // bfloat16 keys and values (cache and new part alike) are read as stored and widened in
   // registers on the AVX2 path; otherwise any bfloat16 rows are widened here, once
   const bool kv_bf16 = avx2 && p.c_bf16 && (p.n_bf16 || p.n == 0);
-  const bool any_bf16 = p.c_bf16 || p.n_bf16 || p.q_bf16;
-  widened_buf.resize(any_bf16 ? (2 * m + nq) * h : nq * h);
+  const bool widen_kv = !kv_bf16 && (p.c_bf16 || p.n_bf16);  // rows widened into `widened`
+  widened_buf.resize((widen_kv ? 2 * m + nq : nq) * h);
   float* widened = widened_buf.data();
   for (int64_t j = 0; j < m; ++j) {
     const int64_t key = keys[j];
@@ -343,7 +326,7 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
     krow[j] = row(kb, bf16, i, h, bf16 ? widened + j * h : nullptr);
     vrow[j] = row(vb, bf16, i, h, bf16 ? widened + (m + j) * h : nullptr);
   }
-  float* qs = widened + (any_bf16 ? 2 * m * h : 0);
+  float* qs = widened + (widen_kv ? 2 * m * h : 0);
   // each query's float32 result: its row of out, or (bfloat16 out) of `results`, rounded at the end
   results_buf.resize(p.out_bf16 ? nq * h : 0);
   float* outs[kChunkQueries];
@@ -355,7 +338,7 @@ void attend(const Problem& p, int64_t b, int64_t kv, int64_t q0, int64_t nq, boo
     if (src != qs + qi * h) std::memcpy(qs + qi * h, src, h * sizeof(float));
     outs[qi] = p.out_bf16 ? results_buf.data() + qi * h : static_cast<float*>(p.out) + at[qi] * h;
   }
-  const Chunk chunk{nq, m, h, krow, vrow, kv_bf16, vis, qs, outs, p.scale};
+  const Chunk chunk{nq, m, h, krow, vrow, kv_bf16, vis, all, qs, outs, p.scale};
   scores_buf.resize(m * kChunkQueries);
   float* scores = scores_buf.data();
 #ifdef JAXSPEC_X86

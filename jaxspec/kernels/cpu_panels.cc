@@ -303,9 +303,8 @@ ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::RemainingAr
   std::vector<float> widened;
   const float* xf = static_cast<const float*>(x.untyped_data());
   if (x.element_type() == ffi::BF16) {
-    const uint16_t* xb = static_cast<const uint16_t*>(x.untyped_data());
     widened.resize(t * k);
-    for (int64_t i = 0; i < t * k; ++i) widened[i] = bf16_to_f32(xb[i]);
+    jaxspec_cpu::widen(static_cast<const uint16_t*>(x.untyped_data()), t * k, widened.data());
     xf = widened.data();
   }
   auto run = [&](int64_t u) { panels(xf, t, k, weights[units[u].w], units[u].p0, units[u].p1, avx2); };

@@ -123,6 +123,25 @@ __attribute__((target("avx2,fma"))) inline __m256 load_w8(const void* w, int64_t
 }
 #endif
 
+#ifdef JAXSPEC_X86
+__attribute__((target("avx2,fma"))) inline void widen_avx2(const uint16_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_w8<true>(src, i));
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+#endif
+
+// n bfloat16 values widened to float32 (exact), 8 at a time where AVX2 is there.
+inline void widen(const uint16_t* src, int64_t n, float* dst) {
+#ifdef JAXSPEC_X86
+  if (cpu_has_avx2()) {
+    widen_avx2(src, n, dst);
+    return;
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
 }  // namespace jaxspec_cpu
 
 #endif  // JAXSPEC_KERNELS_CPU_PARALLEL_H_
