@@ -9,7 +9,8 @@ Shape letters, the same in every module's names, docstrings and einsum strings:
 B batch, T new tokens, S cache slots, P padded prompt length, N draft-tree nodes,
 W = N + 1 verify-window entries (root + nodes), D model width, H query heads, K KV heads,
 h head dim, F MLP width, V vocabulary, E stop ids; stop strings (``jaxspec.stopping``): Z strings,
-Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail per row.
+Y bytes of the longest, M bytes of the longest token, L = Y + M bytes of tail per row;
+structured output (``jaxspec.grammar``): G automaton states, C token classes.
 """
 
 from jaxspec import compile_cache  # jaxspec.compile_cache.enable(); imports only os, configures nothing

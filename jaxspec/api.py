@@ -352,6 +352,9 @@ def _check(model, sampling, settings: dict, config, tokenizer, drafter, drafter_
     least = engine.min_pass_tokens()  # the fewest tokens a target pass runs on this backend
     _fit(drafter, drafter_params, config, max_len, least)
     synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
+    if synthetic_acceptance is not None and (sc.regex is not None or sc.response_format is not None):
+        raise ValueError("regex= and response_format= cannot run with synthetic_acceptance, which emits the "
+                         "drafter's tokens unverified")
     policy.limit(disable_by_batch_size, drafter)  # its value checked here, applied by _setup (policy.decide)
     gate_tau = policy.gate(disable_by_acceptance, drafter)  # checked against the drafter asked for
     return Call(params, config, tokenizer, drafter, drafter_params, sc, gate_tau, least)
@@ -487,7 +490,10 @@ def generate(
         ``(1, gamma + 1]``, or None (never). ``metrics.gated`` says which rows it stopped (not a
         row whose low window ended with its last step). Lossless either way.
       **settings: ``SamplingConfig`` fields overriding ``sampling``'s, e.g.
-        ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\\n\\n"], n=4, logprobs=5``.
+        ``max_new_tokens=64, temperature=0.7, top_p=0.9, stop=["\\n\\n"], n=4, logprobs=5``; ``regex=`` or
+        ``response_format=`` for structured output (``jaxspec.grammar``: the target's
+        distribution is masked to what the grammar allows, so greedy speculative output is
+        constrained plain decoding's).
 
     Returns:
       ``GenerationResult`` (tokens, texts, finish and stop reasons, logprobs, metrics).
@@ -510,8 +516,11 @@ def generate(
         ``synthetic_acceptance`` without ``allow_synthetic_acceptance=True``, without a
         drafter or with a number of rates other than the drafter's gamma; a
         ``disable_by_batch_size`` other than "auto", None or an int >= 1; a
-        ``disable_by_acceptance`` other than "auto", None or a number in (1, gamma + 1]. All
-        before anything is compiled.
+        ``disable_by_acceptance`` other than "auto", None or a number in (1, gamma + 1]; a
+        ``regex`` or ``response_format`` that cannot be compiled, admits no token sequence of
+        the vocabulary, exceeds ``jaxspec.grammar.MAX_STATES`` states, comes without a
+        tokenizer or with synthetic acceptance (docs/structured_output.md). All before
+        anything is compiled.
       TypeError: an unknown setting.
     """
     call = _check(model, sampling, settings, config, tokenizer, drafter, drafter_params, chat=chat, max_len=max_len,

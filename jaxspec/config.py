@@ -245,6 +245,14 @@ class SamplingConfig:
         most probable alternatives.
       logprobs_mode: ``"raw"`` (log-softmax of the model's logits, before any setting:
         vLLM's default) or ``"processed"`` (of the distribution sampled from).
+      regex: structured output: the text matches this regular expression (outlines-core's
+        syntax; vLLM's ``guided_regex``), or None; a str or one per prompt (None: free).
+      response_format: structured output as the OpenAI API asks for it:
+        ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}``,
+        ``{"type": "json_object"}`` or ``{"type": "text"}`` (free), or None; a dict or one
+        per prompt. Not with ``regex``. ``jaxspec.grammar`` compiles both (with the model's
+        tokenizer, before anything runs); the text stops where the automaton allows nothing
+        more, or at EOS once it may end.
 
     Raises:
       ValueError: a setting of the wrong type (integer settings take ints, bool settings
@@ -268,6 +276,8 @@ class SamplingConfig:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     logprobs_mode: str = "raw"
+    regex: str | Sequence[str | None] | None = None
+    response_format: dict | Sequence[dict | None] | None = None
 
     # name -> (integer?, check, range in words). Integers are checked as Python ints, before
     # any conversion: they run as int32 (the seed as uint32), so a larger value would wrap.
@@ -339,6 +349,32 @@ class SamplingConfig:
             raise ValueError(f"logprobs must be None or an integer in [0, {MAX_LOGPROBS}], got {lp!r}")
         if not isinstance(self.logprobs_mode, str) or self.logprobs_mode not in ("raw", "processed"):
             raise ValueError(f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}")
+        for name, kind, words in (("regex", str, "a non-empty string"), ("response_format", dict, "a dict")):
+            value = getattr(self, name)
+            items = list(value) if isinstance(value, (list, tuple)) else [value]
+            if not all(x is None or (isinstance(x, kind) and (kind is dict or x)) for x in items):
+                raise ValueError(f"{name} must be None, {words} or a list with one (or None) per prompt, "
+                                 f"got {value!r:.120}")
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        if self.regex is not None and self.response_format is not None:
+            raise ValueError("regex and response_format together: give one of them")
+
+    def grammar_of(self, i: int, n_prompts: int) -> tuple[str | None, dict | None]:
+        """``(regex, response_format)`` of prompt ``i``.
+
+        Raises:
+          ValueError: a per-prompt list whose length is not ``n_prompts``.
+        """
+        out = []
+        for name in ("regex", "response_format"):
+            value = getattr(self, name)
+            if isinstance(value, tuple):
+                if len(value) != n_prompts:
+                    raise ValueError(f"{name} has {len(value)} values; give one value or one per prompt ({n_prompts})")
+                value = value[i]
+            out.append(value)
+        return out[0], out[1]
 
     def per_prompt(self, name: str, n_prompts: int):
         """``name``'s values as a numpy array ``[n_prompts]``.

@@ -13,6 +13,10 @@ after the committed text (``cache.write_tree``), and each row advances by its ow
 completed stop string (``jaxspec.stopping``) and at its ``max_new_tokens`` along the path.
 Rows never wait for each other; finished rows idle until every row is done.
 ``drafter=None`` is plain autoregressive decoding through the same loop (an empty tree).
+With ``Inputs.grammar`` (structured output, ``jaxspec.grammar``) every row carries its
+automaton's state: the target's distribution at each window entry is masked to the tokens
+the state after the path to it allows, and a token after which the automaton allows
+nothing ends the row.
 With ``Inputs.gate_tau`` (``jaxspec.policy``'s acceptance gate) a row whose tokens per verify
 step over its last ``policy.GATE_WINDOW`` steps fell below its threshold stops speculating:
 its drafts are masked out, and once no active row speculates the program leaves the loop for
@@ -46,7 +50,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxspec import acceptance, cache as cache_lib, models, policy, stopping, synthetic
+from jaxspec import acceptance, cache as cache_lib, grammar, models, policy, stopping, synthetic
 from jaxspec.config import ModelConfig
 from jaxspec.models.target import TargetModel, as_target
 from jaxspec.drafters.base import Committed, Context, Prefill
@@ -90,6 +94,8 @@ class LoopState:
     accepted_at: jax.Array  # int32 [B, gamma]: times an accepted draft at depth i + 1 was emitted
     speculating: jax.Array  # bool [B]: the acceptance gate has not turned the row's drafts off
     recent: jax.Array  # int32 [B, GATE_WINDOW]: tokens emitted by the row's last verify steps (a ring)
+    # int32 [B]: each row's automaton state after its text (jaxspec.grammar), or None (no grammar)
+    grammar_state: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -110,6 +116,9 @@ class Inputs:
     # static): a row whose mean tokens per verify step over its last GATE_WINDOW steps is below
     # it stops speculating.
     gate_tau: jax.Array | None = None
+    # the call's structured-output automata (jaxspec.grammar.GrammarTables), or None (static):
+    # every target distribution is masked to the tokens a row's automaton allows.
+    grammar: grammar.GrammarTables | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +162,10 @@ def _prefill(target, model: TargetModel, drafter, drafter_params, inputs: Inputs
     last_hidden = jnp.take_along_axis(out.hidden, (inputs.prompt_lens - 1)[:, None, None], axis=1)[:, 0]
     logits = model.logits(target, last_hidden)[:, None]  # [B, 1, V]
     history = History.from_prompt(inputs.prompt, inputs.prompt_lens, model.vocab_size)
-    probs = processed_probs(logits, sp, history)
+    g = inputs.grammar
+    probs = processed_probs(logits, sp, history, allowed=None if g is None else grammar.allowed(g, g.initial)[:, None])
     first = sample(fold_rows(fold_rows(inputs.keys, 0), 1), probs[:, 0])
+    grammar_state = None if g is None else grammar.advance(g, g.initial, first)
 
     tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(inputs.prompt)
     tokens = cache_lib.write(tokens, first[:, None], inputs.prompt_lens)
@@ -171,7 +182,8 @@ def _prefill(target, model: TargetModel, drafter, drafter_params, inputs: Inputs
     return LoopState(
         tokens=tokens,
         seq_lens=inputs.prompt_lens + 1,
-        done=sp.is_stop(first[:, None])[:, 0] | hit[:, 0] | (inputs.max_new_tokens <= 1),
+        done=(sp.is_stop(first[:, None])[:, 0] | hit[:, 0] | (inputs.max_new_tokens <= 1)
+              | (False if g is None else ~grammar.is_live(g, grammar_state))),
         cache=cache,
         drafter_state=drafter_state,
         history=history.add(first[:, None], jnp.ones((b, 1), bool)),
@@ -184,6 +196,7 @@ def _prefill(target, model: TargetModel, drafter, drafter_params, inputs: Inputs
         accepted_at=jnp.zeros((b, gamma), jnp.int32),
         speculating=jnp.ones((b,), bool),
         recent=jnp.zeros((b, policy.GATE_WINDOW), jnp.int32),
+        grammar_state=grammar_state,
     )
 
 
@@ -255,7 +268,9 @@ def _verify(target, model: TargetModel, inputs: Inputs, keys, s: LoopState, root
     else:
         mask = models.TreeMask(start, tree.ancestors, positions)
         out = model.forward(target, tree.tokens, positions, s.cache, mask=mask, capture=capture, write=False)
-    p = processed_probs(out.logits, inputs.sampling, s.history, tree)
+    g = inputs.grammar
+    allowed = None if g is None else grammar.allowed(g, grammar.window_states(g, s.grammar_state, tree))
+    p = processed_probs(out.logits, inputs.sampling, s.history, tree, allowed)
     acc = rule.accept(fold_rows(keys, 1), p, proposal, tree, inputs)
     lp = None if logprobs is None else logprobs.of(_along(out.logits, acc.path), _along(p, acc.path), acc.tokens)
     pad = functools.partial(_pad_window, width=width)
@@ -341,6 +356,13 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
     may_stop = in_block & stopping.may_stop(sp, s.history.n_generated, emit)
     tails, string_stop = stopping.completed(inputs.stops, s.tail, new, may_stop)
     is_stop = (sp.is_stop(new) | string_stop) & in_block
+    g, grammar_state = inputs.grammar, s.grammar_state
+    if g is not None:  # a token after which the row's automaton allows nothing ends the row
+        states = [s.grammar_state]
+        for j in range(emit):
+            states.append(grammar.advance(g, states[-1], new[:, j]))
+        states = jnp.stack(states[1:], axis=1)  # [B, emit]: the state after each token
+        is_stop = is_stop | (~grammar.is_live(g, states) & in_block)
     first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), emit)
     room = inputs.max_new_tokens - (s.seq_lens - inputs.prompt_lens)
     active = ~s.done
@@ -348,6 +370,9 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
     tokens = cache_lib.write(s.tokens, new, s.seq_lens)
     seq_lens = s.seq_lens + n_keep
     done = s.done | (first_stop < n_keep) | (n_keep >= room)
+    if g is not None:
+        kept_state = jnp.take_along_axis(states, jnp.maximum(n_keep - 1, 0)[:, None], axis=1)[:, 0]
+        grammar_state = jnp.where(n_keep > 0, kept_state, s.grammar_state)
     kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
     counted = active.astype(jnp.int32)
     # Drafts that verification accepted but a stop or max_new_tokens then cut off were never
@@ -376,6 +401,7 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
         accepted_at=s.accepted_at + (jnp.arange(gamma)[None] < n_emitted_drafts[:, None]),
         speculating=speculating,
         recent=recent,
+        grammar_state=grammar_state,
     )
 
 
@@ -461,7 +487,7 @@ def run_program(
 
     Raises:
       ValueError: ``min_pass_tokens`` < 1; ``synthetic.SYNTHETIC`` without ``inputs.synthetic_rates``
-        or rates under another rule.
+        or rates under another rule, or with ``inputs.grammar``.
 
     Returns:
       The final ``LoopState``.
@@ -470,6 +496,9 @@ def run_program(
         raise ValueError(f"min_pass_tokens must be >= 1, got {min_pass_tokens}")
     if (inputs.synthetic_rates is not None) != isinstance(rule, synthetic.Synthetic):
         raise ValueError("inputs.synthetic_rates go with rule=SYNTHETIC, and only with it")
+    if inputs.grammar is not None and isinstance(rule, synthetic.Synthetic):
+        raise ValueError("structured output (inputs.grammar) is not for synthetic acceptance, which emits "
+                         "the drafter's tokens unverified")
     model = as_target(config)
     g = gamma(drafter)
     state = _prefill(target, model, drafter, drafter_params, inputs, max_len, g, logprobs)

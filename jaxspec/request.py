@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import engine, stopping
+from jaxspec import engine, grammar, stopping
 from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig
 from jaxspec.sampling import SamplingParams
 
@@ -107,6 +107,8 @@ class Request:
       stop_ids: the stop token ids every row shares (EOS unless ignored, then
         ``stop_token_ids``), without padding.
       sampling: the ``SamplingConfig`` the request came from.
+      grammar: the rows' structured-output automata (``jaxspec.grammar.HostTables``, one
+        initial state per row), or None when no row has one.
     """
 
     rows: list[list[int]]
@@ -116,6 +118,7 @@ class Request:
     settings: dict[str, np.ndarray]
     stop_ids: tuple[int, ...]
     sampling: SamplingConfig
+    grammar: grammar.HostTables | None = None
 
     def padded(self, batch: int) -> Request:
         """This request with ``batch - B`` one-token copies of row 0 appended: the one padding
@@ -126,8 +129,10 @@ class Request:
         def grow(x):  # the values of row 0 for the padding rows
             return np.concatenate([x, np.repeat(x[:1], extra)])
 
+        g = self.grammar
         return dataclasses.replace(
-            self, rows=self.rows + [self.rows[0]] * extra, prompt_lens=grow(self.prompt_lens),
+            self, grammar=None if g is None else dataclasses.replace(g, initial=grow(g.initial)),
+            rows=self.rows + [self.rows[0]] * extra, prompt_lens=grow(self.prompt_lens),
             max_new_tokens=np.concatenate([self.max_new_tokens, np.ones(extra, np.int32)]), seeds=grow(self.seeds),
             settings={k: grow(v) for k, v in self.settings.items()})
 
@@ -155,7 +160,9 @@ def make(prompt, sc: SamplingConfig, config: ModelConfig, tokenizer, chat: bool,
     Raises:
       ValueError: empty prompt, a prompt that is not text or token ids, token id outside the
         vocabulary (prompt or stop id), a per-prompt setting of the wrong length, prompt +
-        ``max_new_tokens`` over ``max_len``, stop strings without a tokenizer.
+        ``max_new_tokens`` over ``max_len``, stop strings without a tokenizer; a ``regex`` or
+        ``response_format`` without a tokenizer, that cannot be compiled, or over
+        ``jaxspec.grammar.MAX_STATES`` automaton states (``jaxspec.grammar``).
     """
     prompts = prompt_ids(prompt, tokenizer, chat)
     for i, r in enumerate(prompts):
@@ -175,9 +182,14 @@ def make(prompt, sc: SamplingConfig, config: ModelConfig, tokenizer, chat: bool,
     _check_ids("stop_token_ids", sc.stop_token_ids, config.vocab_size)
     if sc.stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer (the model has none): pass tokenizer= or use stop_token_ids")
+    stop_ids = stopping.stop_ids(config.eos_ids, sc)
+    automata = [grammar.compile_grammar(*sc.grammar_of(i, n_prompts), tokenizer) for i in range(n_prompts)]
+    tables = None
+    if any(a is not None for a in automata):
+        tables = grammar.tables([a for a in automata for _ in range(sc.n)], stop_ids, config.vocab_size)
     return Request(rows=rows, prompt_lens=lens.astype(np.int32), max_new_tokens=max_new.astype(np.int32), seeds=seeds,
-                   settings={name: per_row(name) for name in SETTINGS},
-                   stop_ids=stopping.stop_ids(config.eos_ids, sc), sampling=sc)
+                   settings={name: per_row(name) for name in SETTINGS}, stop_ids=stop_ids, sampling=sc,
+                   grammar=tables)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,4 +237,5 @@ def inputs(req: Request, shapes: Buckets, vocab_size: int, tokenizer, synthetic_
         stops=stopping.tables(sc.stop, tokenizer, vocab_size),
         synthetic_rates=synthetic_rates,
         gate_tau=None if gate_tau is None else jnp.full((b,), gate_tau, jnp.float32),
+        grammar=None if req.grammar is None else req.grammar.device(),
     )

@@ -23,7 +23,9 @@ class GenerationResult:
         last one).
       texts: decoded text (special tokens skipped, cut at a stop string), or None without a
         tokenizer.
-      finish_reasons: ``"stop"`` (EOS, a stop id or a stop string) or ``"length"``.
+      finish_reasons: ``"stop"`` (EOS, a stop id or a stop string, or the text is complete
+        under the row's grammar and it allows nothing more), ``"length"``, or ``"dead_end"``
+        (the row's grammar allows no token and does not accept: ``jaxspec.grammar``).
       stop_reasons: the stop string or stop token id that ended the sample, else None.
       logprobs: when requested, per sample one float per token (natural log).
       top_logprobs: when requested, per sample and token the ``(id, logprob)`` pairs of the
@@ -96,6 +98,20 @@ def _logprobs(out: Output, lens, seq_lens):
     return logprobs, top
 
 
+def _finish(req, row: int, tokens: list[int], reason) -> str:
+    """Row ``row``'s finish reason: ``"stop"`` at a stop id or string, or where its grammar's
+    automaton accepts and allows nothing more; ``"dead_end"`` where the automaton allows
+    nothing more and does not accept; else ``"length"``."""
+    if reason is not None:
+        return "stop"
+    g = req.grammar
+    if g is not None and tokens:
+        state = g.run(row, tokens)
+        if state >= 0 and not g.live[state]:
+            return "stop" if g.final[state] else "dead_end"
+    return "length"
+
+
 def make(out: Output, req, gamma: int, tokenizer, compile_s: float, run_s: float, synthetic_acceptance=None,
          speculation: str | None = None, gate_tau: float | None = None) -> GenerationResult:
     """``GenerationResult`` of the request's rows (``jaxspec.request.Request``) from the
@@ -117,6 +133,7 @@ def make(out: Output, req, gamma: int, tokenizer, compile_s: float, run_s: float
             for i, t in enumerate(tokens)]
     logprobs, top_logprobs = _logprobs(out, lens, seq_lens)
     return GenerationResult(tokens=tokens, texts=None if tokenizer is None else [text for text, _ in ends],
-                            metrics=metrics, finish_reasons=["stop" if r is not None else "length" for _, r in ends],
+                            metrics=metrics, finish_reasons=[_finish(req, i, t, r) for i, (t, (_, r)) in
+                                                             enumerate(zip(tokens, ends))],
                             stop_reasons=[r for _, r in ends], logprobs=logprobs, top_logprobs=top_logprobs,
                             synthetic=synthetic_acceptance is not None)

@@ -221,7 +221,8 @@ def token_logprobs(logprobs: jax.Array, tokens: jax.Array, n_top: int):
 
 
 def processed_probs(
-    logits: jax.Array, sp: SamplingParams, history: History | None = None, tree: Tree | None = None
+    logits: jax.Array, sp: SamplingParams, history: History | None = None, tree: Tree | None = None,
+    allowed: jax.Array | None = None,
 ) -> jax.Array:
     """The distribution to sample position t of a window from, after every setting.
 
@@ -233,6 +234,11 @@ def processed_probs(
       history: the text before position 0; None = no penalties and no ``min_new_tokens``.
       tree: the verify window's ``Tree`` (T = its width): position t is scored as if the path
         to window entry t were accepted; None = consecutive positions with no tokens between.
+      allowed: bool ``[B, T, V]`` (or ``[B, V]``), the tokens a grammar allows
+        (``jaxspec.grammar``), or None. The others get logit -inf before every setting (as
+        vLLM applies a grammar's bitmask to the logits); where that leaves only stop ids,
+        ``min_new_tokens`` does not suppress them (the grammar wins); a position that allows
+        no token is left unmasked (the engine emits nothing from one).
 
     Returns:
       float32 of the shape of ``logits``, each row summing to 1 (one-hot where temperature 0).
@@ -241,14 +247,21 @@ def processed_probs(
     x = logits[:, None] if squeeze else logits
     x = x.astype(jnp.float32)
     b, t, v = x.shape
+    if allowed is not None:
+        allowed = allowed[:, None] if squeeze else allowed
+        allowed = allowed | ~jnp.any(allowed, axis=-1, keepdims=True)
+        x = jnp.where(allowed, x, -jnp.inf)
     if history is not None:
         def penalize(x):
             return _apply_penalties(x, sp, window_counts(history, tree, t), history.in_prompt)
 
         x = jax.lax.cond(sp.uses_penalties(), penalize, lambda x: x, x)
         offsets = jnp.broadcast_to(jnp.arange(t)[None], (b, t)) if tree is None else tree.depth
-        x = jax.lax.cond(jnp.any(history.n_generated < sp.min_new_tokens),
-                         lambda x: _suppress_stops(x, sp, history, offsets), lambda x: x, x)
+        def suppress(x):
+            y = _suppress_stops(x, sp, history, offsets)
+            return y if allowed is None else jnp.where(jnp.any(y > -jnp.inf, axis=-1, keepdims=True), y, x)
+
+        x = jax.lax.cond(jnp.any(history.n_generated < sp.min_new_tokens), suppress, lambda x: x, x)
     temp = sp.temperature[:, None, None]
     # Subtract the max before dividing: a tiny temperature would otherwise overflow to inf - inf.
     shifted = x - jnp.max(x, axis=-1, keepdims=True)
