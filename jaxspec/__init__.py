@@ -18,7 +18,7 @@ from jaxspec.api import Model, default_dtype, generate, load
 from jaxspec.checkpoints.heads import load_eagle_head, load_medusa_heads, shipped_head
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
+from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, GrammarDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
                               NGramDrafter, RepeatDrafter)
 from jaxspec.metrics import Metrics
 from jaxspec.result import GenerationResult
@@ -29,6 +29,7 @@ __all__ = [
     "EagleDrafter",
     "EarlyExitDrafter",
     "GenerationResult",
+    "GrammarDrafter",
     "LookaheadDrafter",
     "MedusaDrafter",
     "Metrics",

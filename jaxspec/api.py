@@ -352,6 +352,8 @@ def _check(model, sampling, settings: dict, config, tokenizer, drafter, drafter_
     least = engine.min_pass_tokens()  # the fewest tokens a target pass runs on this backend
     _fit(drafter, drafter_params, config, max_len, least)
     synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
+    if getattr(drafter, "kind", None) == "grammar" and sc.regex is None and sc.response_format is None:
+        raise ValueError("GrammarDrafter drafts the tokens a grammar forces: give regex= or response_format=")
     if synthetic_acceptance is not None and (sc.regex is not None or sc.response_format is not None):
         raise ValueError("regex= and response_format= cannot run with synthetic_acceptance, which emits the "
                          "drafter's tokens unverified")

@@ -312,8 +312,11 @@ def _draft(drafter, drafter_params, inputs: Inputs, rule, keys, root, s: LoopSta
     rows the acceptance gate turned off propose nothing), as ``rule`` verifies it."""
     if drafter is None:  # plain decoding (a gated program's second loop passes the drafter's state on)
         return s.drafter_state, Proposal.empty(root.shape[0])
-    context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), inputs.sampling, s.history)
+    context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), inputs.sampling, s.history, inputs.grammar,
+                      s.grammar_state)
     drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
+    if inputs.grammar is not None and proposal.q is None:  # forced drafts in, forbidden ones out
+        proposal = grammar.constrain(inputs.grammar, s.grammar_state, proposal)
     if _gated(drafter, inputs, rule):
         proposal = dataclasses.replace(proposal, valid=proposal.valid & s.speculating[:, None])
     return drafter_state, rule.fill(proposal, root)

@@ -51,6 +51,10 @@ import numpy as np
 MAX_STATES = 2048  # automaton states of one call, all its grammars together (the free state not counted)
 MIN_STATES = 16  # the state bucket's least size
 MIN_CLASSES = 64  # the token-class bucket's least size
+# JSON from a schema is compact, as ``json.dumps(separators=(",", ":"))`` writes it: no
+# whitespace between JSON's tokens (outlines-core's default allows one space, ``[ ]?``), so
+# every key and punctuation run is forced text, which the engine drafts for free.
+WHITESPACE = ""
 
 
 @jax.tree_util.register_dataclass
@@ -62,12 +66,14 @@ class GrammarTables:
       token_class: int32 ``[V]``, each token's class.
       next_state: int32 ``[G, C]``, the state after a token of class c in state s; -1: not allowed.
       live: bool ``[G]``, states that allow some token.
+      forced: int32 ``[G]``, the token each state forces (``Automaton.forced``), -1 where none.
       initial: int32 ``[B]``, each row's first state (0: no grammar).
     """
 
     token_class: jax.Array
     next_state: jax.Array
     live: jax.Array
+    forced: jax.Array
     initial: jax.Array
 
 
@@ -87,6 +93,34 @@ def advance(tables: GrammarTables, state: jax.Array, token: jax.Array) -> jax.Ar
 def is_live(tables: GrammarTables, state: jax.Array) -> jax.Array:
     """bool ``[...]``: ``state`` allows some token (state -1 does not)."""
     return (state >= 0) & tables.live[jnp.maximum(state, 0)]
+
+
+def constrain(tables: GrammarTables, state: jax.Array, proposal):
+    """A proposal without q (``jaxspec.tree.Proposal``, deterministic drafts) under the
+    grammar: where the state after a node's parent forces a token (``GrammarTables.forced``)
+    the node proposes it, valid even where the drafter proposed nothing (grammar-forced
+    drafts, SGLang's jump-forward decoding inside the verify window); a node whose token the
+    state does not allow is made invalid (the target would reject it). ``state`` int32 ``[B]``:
+    each row's state after its committed text.
+
+    Lossless: a deterministic proposal is accepted with probability p(token), so replacing
+    or dropping drafts changes only which are proposed. (A proposal with q must be drawn
+    from the masked q instead: ``jaxspec.drafters.model.draw_chain``.)
+    """
+    b, n = proposal.tokens.shape
+    rows = jnp.arange(b)
+    states, tokens, valid = [state], [], []
+    for i in range(n):  # parents come before their children
+        parent = jnp.stack(states, axis=1)[rows, jnp.clip(proposal.parents[:, i] + 1, 0, i)]
+        forced = jnp.where(parent >= 0, tables.forced[jnp.maximum(parent, 0)], -1)
+        token = jnp.where(forced >= 0, forced, proposal.tokens[:, i])
+        after = advance(tables, parent, token)
+        ok = (proposal.valid[:, i] | (forced >= 0)) & (after >= 0)
+        states.append(jnp.where(ok, after, -1))
+        tokens.append(token)
+        valid.append(ok)
+    return dataclasses.replace(proposal, tokens=jnp.stack(tokens, axis=1).astype(jnp.int32),
+                               valid=jnp.stack(valid, axis=1))
 
 
 def window_states(tables: GrammarTables, state: jax.Array, tree) -> jax.Array:
@@ -112,12 +146,17 @@ class Automaton:
       source: what it was compiled from, for messages (``"regex '...'"``, ``"json_schema"``).
       token_class: int32 ``[V]``; next_state: int32 ``[n, C]`` (states 0..n-1, 0 the initial
         one; -1: not allowed); final: bool ``[n]``, the accepting states.
+      forced: int32 ``[n]``, where the text from a state on is forced (every token the state
+        allows is a prefix of one of them, and the state does not accept), the first token
+        of the forced text as the tokenizer encodes it (if allowed; else the longest allowed
+        token); -1 elsewhere (``forced_tokens``).
     """
 
     source: str
     token_class: np.ndarray
     next_state: np.ndarray
     final: np.ndarray
+    forced: np.ndarray
 
     @property
     def n_states(self) -> int:
@@ -153,7 +192,7 @@ def _vocabulary(tokenizer):
 
 def schema_regex(schema: Any) -> str:
     """The regex of a JSON Schema (a dict or its JSON text), by outlines-core
-    (``build_regex_from_schema``, whitespace between tokens ``[ ]?``).
+    (``build_regex_from_schema``), with ``WHITESPACE`` between JSON's tokens.
 
     Raises:
       ValueError: a schema that is not JSON, or that outlines-core does not support (its
@@ -165,7 +204,7 @@ def schema_regex(schema: Any) -> str:
     except (TypeError, ValueError) as e:
         raise ValueError(f"response_format: the JSON schema is not JSON-serialisable: {e}") from e
     try:
-        return oc.json_schema.build_regex_from_schema(text)
+        return oc.json_schema.build_regex_from_schema(text, WHITESPACE)
     except Exception as e:  # outlines-core raises ValueError/TypeError with what it does not support
         raise ValueError(f"response_format: the JSON schema cannot be compiled: {e}") from e
 
@@ -225,9 +264,48 @@ def compile_pattern(pattern: str, tokenizer, source: str | None = None) -> Autom
     final[[number[s] for s in index.get_final_states() if s in number]] = True
     if not np.any(table[0] >= 0) and not final[0]:
         raise ValueError(f"{source} admits no token of the vocabulary of {tokenizer.name}")
-    automaton = Automaton(source, token_class.astype(np.int32).ravel(), table, final)
+    token_class = token_class.astype(np.int32).ravel()
+    automaton = Automaton(source, token_class, table, final, forced_tokens(table, token_class, final, tokenizer))
     cache[pattern] = automaton
     return automaton
+
+
+MAX_FORCED_CHOICES = 32  # a state allowing more tokens than this is never forced (a prefix chain is shorter)
+MAX_FORCED_BYTES = 64  # the forced text tokenized to pick a state's forced token
+
+
+def forced_tokens(table: np.ndarray, token_class: np.ndarray, final: np.ndarray, tokenizer) -> np.ndarray:
+    """int32 ``[n]``: each state's forced token (``Automaton.forced``), -1 where the text is
+    not forced. A state forces text when every token it allows is a prefix of the longest
+    one (so every continuation starts with that token's bytes); following longest tokens
+    gives the forced text (up to ``MAX_FORCED_BYTES``), which the tokenizer encodes: its
+    first token, the one the model most likely writes, is proposed where the state allows
+    it."""
+    n = table.shape[0]
+    sizes = np.bincount(token_class, minlength=table.shape[1])
+    data = tokenizer.token_bytes()
+    longest = np.full(n, -1, np.int32)
+    for s in range(n):
+        classes = np.nonzero(table[s] >= 0)[0]
+        if final[s] or not 0 < sizes[classes].sum() <= MAX_FORCED_CHOICES:
+            continue
+        ids = np.nonzero(np.isin(token_class, classes))[0]
+        top = max(ids, key=lambda t: len(data[t]))
+        if all(data[top].startswith(data[t]) for t in ids):
+            longest[s] = top
+    forced = longest.copy()
+    for s in np.nonzero(longest >= 0)[0]:
+        text, state = b"", s
+        while state >= 0 and longest[state] >= 0 and len(text) < MAX_FORCED_BYTES:
+            text += data[longest[state]]
+            state = table[state, token_class[longest[state]]]
+        try:
+            ids = tokenizer.encode(text.decode("utf-8"), add_bos=False)
+        except UnicodeDecodeError:  # the forced bytes end inside a character: keep the longest token
+            continue
+        if ids and table[s, token_class[ids[0]]] >= 0:
+            forced[s] = ids[0]
+    return forced
 
 
 def compile_grammar(regex: str | None, response_format: dict | None, tokenizer) -> Automaton | None:
@@ -274,12 +352,13 @@ class HostTables:
     token_class: np.ndarray
     next_state: np.ndarray
     live: np.ndarray
+    forced: np.ndarray
     final: np.ndarray  # bool [G]: accepting states (the free state counts as accepting)
     initial: np.ndarray  # int32 [B]
 
     def device(self) -> GrammarTables:
         return GrammarTables(jnp.asarray(self.token_class), jnp.asarray(self.next_state), jnp.asarray(self.live),
-                             jnp.asarray(self.initial))
+                             jnp.asarray(self.forced), jnp.asarray(self.initial))
 
     def run(self, row: int, tokens: Sequence[int]) -> int:
         """The state of row ``row`` after ``tokens`` (-1 once one was not allowed)."""
@@ -337,13 +416,18 @@ def tables(automata: Sequence[Automaton | None], stop_ids: Sequence[int], vocab_
     next_state[0, :n_classes] = 0  # the free state
     final = np.zeros(s_bucket, bool)
     final[0] = True
+    forced = np.full(s_bucket, -1, np.int32)
     offset, start = 1, {}
     for k, (a, nxt) in enumerate(zip(distinct, columns)):
         block = nxt[:, combo[:, k]]  # [n, classes of the call]
         next_state[offset:offset + a.n_states, :n_classes] = np.where(block >= 0, block + offset, -1)
         final[offset:offset + a.n_states] = a.final
+        # an accepting state that allows no text forces the (first) stop id: the text is complete
+        done = a.final & ~np.any(a.next_state >= 0, axis=1)
+        forced[offset:offset + a.n_states] = np.where(done & (stops.size > 0), stops[0] if stops.size else -1,
+                                                      a.forced)
         start[id(a)] = offset
         offset += a.n_states
     initial = np.array([0 if a is None else start[id(a)] for a in automata], np.int32)
     live = np.any(next_state >= 0, axis=1)
-    return HostTables(token_class.astype(np.int32), next_state, live, final, initial)
+    return HostTables(token_class.astype(np.int32), next_state, live, forced, final, initial)

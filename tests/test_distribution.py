@@ -741,3 +741,87 @@ def test_acceptance_gate_keeps_the_distribution(models, inputs_factory, monkeypa
     counts = np.bincount((x[:, 0] * V + x[:, 1]) * V + x[:, 2], minlength=V**N_NEW)
     p_value, info = _check(counts, _exact_probs(SETTINGS["T=1"]), "model gamma 1 T=1, acceptance gate")
     assert p_value > ALPHA, info
+
+
+# ---------------------------------------------------------------------------- structured output
+
+# Tokens 0..7 spell "a".."h"; the grammar allows a or b then d or e, or c then f (forced),
+# then anything: the first two tokens are constrained (the second by the first), the third free.
+GRAMMAR = "([ab][de]|cf)[a-h]*"
+
+
+def _grammar_allowed(generated) -> set[int]:
+    """The tokens ``GRAMMAR`` allows after ``generated``, written out by hand (independent of
+    outlines-core and ``jaxspec.grammar``)."""
+    if not generated:
+        return {0, 1, 2}
+    if len(generated) == 1:
+        return {3, 4} if generated[0] in (0, 1) else {5}
+    return set(range(V))
+
+
+def _grammar_exact(settings: dict) -> np.ndarray:
+    """``_exact_probs`` under ``GRAMMAR``: each factor's logits masked to the allowed tokens."""
+    logits = _prefix_logits("target", TARGET_SEED).copy()
+    last = len(PROMPT) - 1
+    for x1 in range(V):
+        for x2 in range(V):
+            for j, gen in enumerate(([], [x1], [x1, x2])):
+                banned = [t for t in range(V) if t not in _grammar_allowed(gen)]
+                logits[x1 * V + x2, last + j, banned] = -np.inf
+    return _exact_probs(settings, logits)
+
+
+def _grammar_counts(models, inputs_factory, kind, gamma, settings, seed, n=N, fresh=False):
+    from jaxspec import grammar
+    from jaxspec.tokenizer import Tokenizer
+
+    tok = Tokenizer(list("abcdefgh"), merges=[], name="dist-bytes")
+    tables = grammar.tables([grammar.compile_pattern(GRAMMAR, tok)] * n, (), V)
+    drafter, dparams = _drafter(kind, gamma, models)
+    inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, seed=seed, vocab_size=V, **settings)
+    inputs = dataclasses.replace(inputs, grammar=tables.device())
+    state = jax.device_get(_program(drafter, fresh)(models["target"], dparams, inputs))
+    lp = len(PROMPT)
+    np.testing.assert_array_equal(state.seq_lens, lp + N_NEW)
+    x = state.tokens[:, lp : lp + N_NEW].astype(np.int64)
+    return np.bincount((x[:, 0] * V + x[:, 1]) * V + x[:, 2], minlength=V**N_NEW), state
+
+
+GRAMMAR_CASES = [("plain", 0, "T=1"), ("model", 2, "T=1"), ("model", 1, "penalties"), ("ngram", 2, "T=0.7"),
+                 ("model_tree", 2, "T=1"), ("early_exit", 2, "top_p=0.8")]
+
+
+@pytest.mark.parametrize("kind,gamma,name", core(GRAMMAR_CASES, [("model", 2, "T=1"), ("ngram", 2, "T=0.7"),
+                                                                ("model_tree", 2, "T=1")]))
+def test_grammar_sampling_matches_constrained_target(models, inputs_factory, kind, gamma, name):
+    """Under a grammar, plain and speculative sampling (a draft model's masked q, n-gram and
+    top-k tree drafts without q, which the grammar fills and prunes) draw exactly the target's
+    distribution masked to the grammar: the chi-square test against the hand-masked
+    reference; continuations outside the grammar have probability 0 and are never drawn."""
+    seed = SEED_STRIDE * (GRAMMAR_CASES.index((kind, gamma, name)) + 60)
+    counts, state = _grammar_counts(models, inputs_factory, kind, gamma, SETTINGS[name], seed)
+    exact = _grammar_exact(SETTINGS[name])
+    assert counts[exact == 0].sum() == 0
+    if kind != "plain":
+        assert (state.n_accepted > 0).mean() > 0.05, (state.n_accepted > 0).mean()
+    p_value, info = _check(counts, exact, f"grammar {kind} gamma {gamma} {name}")
+    assert p_value > ALPHA, info
+
+
+def _root_state_everywhere(tables, state, tree):
+    """Wrong: every window entry masked with the root's state (the state at the start of the
+    step), not the state after the path to it."""
+    return jnp.broadcast_to(state[:, None], tree.tokens.shape)
+
+
+def test_grammar_mask_of_the_step_start_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches):
+    """A verify window masked with the step's first state at every entry (one mask for the
+    whole window) changes the distribution, and the harness rejects it."""
+    from jaxspec import grammar
+
+    monkeypatch.setattr(grammar, "window_states", _root_state_everywhere)
+    counts, _ = _grammar_counts(models, inputs_factory, "model", 2, SETTINGS["T=1"], SEED_STRIDE * 70, n=N_DETECT,
+                                fresh=True)
+    p_value, info = _check(counts, _grammar_exact(SETTINGS["T=1"]), "grammar: one mask per window", max_tv=None)
+    assert p_value < ALPHA, f"the harness did not detect a window masked with the step's first state: {info}"

@@ -34,7 +34,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"]}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
 REGEX = r"[a-z]{2,6}( [0-9]{1,3}){2}"
-DRAFTERS = ["ngram", "early_exit", "model_small", "model_self"]
+DRAFTERS = ["ngram", "early_exit", "model_small", "model_self", "grammar"]
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +46,9 @@ def tok():
 
 def _gen(tiny, tok, kind="plain", gamma=4, prompts=None, **kw):
     kw.setdefault("stop_token_ids", [EOS])  # the tiny config has no EOS of its own
+    if kind == "grammar":
+        return jaxspec.generate(tiny.params, prompts or tiny.prompts, config=tiny.cfg, tokenizer=tok,
+                                drafter=jaxspec.GrammarDrafter(gamma=2 * gamma), ignore_eos=False, **kw)
     return tiny.generate(prompts or tiny.prompts, kind, gamma, tokenizer=tok, ignore_eos=False, **kw)
 
 
@@ -86,6 +89,41 @@ def test_json_schema_automaton_accepts_a_valid_object(tok):
     assert t.run(0, tok.encode('{"age":42}')) == -1  # keys in the schema's order, name required
 
 
+def test_forced_tokens_are_the_text_the_grammar_forces(tok):
+    """A state forces a token where every token it allows is a prefix of the longest one: the
+    literal runs of the pattern, none where the text is free or may end."""
+    a = grammar.compile_grammar("ab(cd|ce)[0-9]+", None, tok)
+    t = grammar.tables([a], [EOS], 64)
+    run, forced = [], []
+    for ch in "abce1":
+        s = t.run(0, run)
+        forced.append(TOKENS[t.forced[s]] if t.forced[s] >= 0 else None)
+        run += tok.encode(ch)
+    # "ab" is one token of the vocabulary but the tokenizer (no merges) spells it a, b
+    assert forced == ["a", "b", "c", None, None], forced
+    done = grammar.tables([grammar.compile_grammar("(yes|no)", None, tok)], [EOS], 64)
+    assert done.forced[done.run(0, tok.encode("yes"))] == EOS  # complete, nothing more: EOS is forced
+
+
+def test_constrain_fills_forced_drafts_and_drops_forbidden_ones(tok):
+    """``grammar.constrain`` on a chain: a forbidden draft and its descendants go; an empty
+    node after a forcing state gets the forced token."""
+    import jax.numpy as jnp
+    from jaxspec.tree import Proposal
+
+    t = grammar.tables([grammar.compile_grammar("abc[0-9]x", None, tok)], [EOS], 64).device()
+    ids = {c: tok.encode(c)[0] for c in "abcx7z"}
+    chain = jnp.asarray([[ids["a"], ids["z"], 0, 0, 0], [ids["a"], 0, 0, ids["7"], ids["x"]]], jnp.int32)
+    valid = jnp.asarray([[True, True, True, True, True], [True, False, False, True, True]])
+    out = grammar.constrain(t, jnp.zeros(2, jnp.int32) + t.initial[0], Proposal.chain(chain, valid=valid))
+    # row 0: "a" then "z" is forbidden where "b" is forced: the forced "b" replaces it, then "c"
+    np.testing.assert_array_equal(np.asarray(out.tokens[0, :3]), [ids["a"], ids["b"], ids["c"]])
+    assert np.asarray(out.valid[0]).tolist() == [True, True, True, False, False]  # "0" after "c" is not a digit
+    # row 1: forced "b", "c" fill the empty nodes; "7" and "x" were proposed and are allowed
+    assert np.asarray(out.valid[1]).tolist() == [True] * 5
+    assert tok.decode(np.asarray(out.tokens[1]).tolist()) == "abc7x"
+
+
 # ---------------------------------------------------------------------------- greedy: spec == plain
 
 
@@ -100,6 +138,8 @@ def test_json_greedy_spec_equals_plain(tiny, tok, kind):
     spec = _gen(tiny, tok, kind, response_format=FORMAT, max_new_tokens=40)
     assert spec.tokens == plain.tokens
     assert spec.finish_reasons == plain.finish_reasons
+    if kind in ("model_self", "grammar"):  # the drafter's q is masked too; forced drafts are accepted
+        assert spec.metrics.tau > 1.3, spec.metrics.tau
 
 
 @pytest.mark.parametrize("kind", core(["plain", "ngram", "model_small"], ["ngram"]))
@@ -186,6 +226,8 @@ def test_bad_grammar_is_refused_before_compiling(tiny, tok, kw, match):
 
 
 def test_grammar_needs_a_tokenizer_and_a_state_limit(tiny, tok, monkeypatch):
+    with pytest.raises(ValueError, match="GrammarDrafter drafts the tokens a grammar forces"):
+        jaxspec.generate(tiny.params, tiny.prompts, config=tiny.cfg, tokenizer=tok, drafter=jaxspec.GrammarDrafter())
     with pytest.raises(ValueError, match="need a tokenizer"):
         jaxspec.generate(tiny.params, tiny.prompts, config=tiny.cfg, regex="a+", max_new_tokens=4)
     monkeypatch.setattr(grammar, "MAX_STATES", 4)

@@ -88,6 +88,11 @@ class Context:
       sampling: per-row ``SamplingParams``; history: ``History`` of the text so far. A drafter
         with q must return the distributions its nodes were drawn from; processing its logits
         like the target's (``processed_probs``) keeps q close to p.
+      grammar, grammar_state: the call's structured-output automata
+        (``jaxspec.grammar.GrammarTables``) and each row's state after its text (int32
+        ``[B]``), or None. A drafter with q draws from q masked like the target's p
+        (``draw_chain``); the engine applies the grammar to proposals without q itself
+        (``jaxspec.grammar.constrain``).
     """
 
     tokens: jax.Array
@@ -95,6 +100,8 @@ class Context:
     keys: jax.Array
     sampling: SamplingParams
     history: History
+    grammar: Any = None
+    grammar_state: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxspec import models
+from jaxspec import grammar, models
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import dynamic_tree
@@ -49,11 +49,22 @@ from jaxspec.sampling import fold_rows, processed_probs, sample
 from jaxspec.tree import Proposal
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class _Text:
+    """What a chain's next draft is processed with: the ``History`` and the grammar state
+    (None without a grammar) after the drafts so far."""
+
+    history: Any
+    grammar_state: Any
+
+
 def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
                confidence: float = 0.0) -> tuple[Any, Proposal]:
     """A chain of ``gamma`` drafts, each drawn from the drafter's processed distribution q
-    (the target's processing: ``processed_probs`` with the history plus the drafts so far),
-    which the proposal carries, so acceptance is lossless at any temperature.
+    (the target's processing: ``processed_probs`` with the history plus the drafts so far,
+    masked to what the row's grammar allows after them, ``jaxspec.grammar``), which the
+    proposal carries, so acceptance is lossless at any temperature.
 
     With ``confidence`` > 0, draft i is valid only while the drafter's probability of drafts
     0 .. i - 1 times the largest probability of draft i's distribution (each under the RAW
@@ -82,18 +93,22 @@ def draw_chain(step, carry: Any, logits: jax.Array, context, gamma: int,
       ``(carry, Proposal.chain of [B, gamma] with q [B, gamma, V])``; its valid nodes are a
       prefix of the chain.
     """
-    keys = context.keys
+    keys, g = context.keys, context.grammar
 
     def draft(logits, history, i):
-        q = processed_probs(logits, context.sampling, history)
+        state = history.grammar_state
+        q = processed_probs(logits, context.sampling, history.history,
+                            allowed=None if g is None else grammar.allowed(g, state))
         d = sample(fold_rows(keys, i), q)
         sure = jnp.ones((d.shape[0], 2), jnp.float32)  # [raw prob of d, largest raw prob]
         if confidence:
             raw = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
             sure = jnp.stack([jnp.take_along_axis(raw, d[:, None], axis=1)[:, 0], jnp.max(raw, axis=-1)], axis=1)
-        return d, q, sure, history.add(d[:, None], jnp.ones_like(d[:, None], bool))
+        after = _Text(history.history.add(d[:, None], jnp.ones_like(d[:, None], bool)),
+                      None if g is None else grammar.advance(g, state, d))
+        return d, q, sure, after
 
-    d0, q0, sure0, history = draft(logits, context.history, 0)
+    d0, q0, sure0, history = draft(logits, _Text(context.history, context.grammar_state), 0)
     # One loop for every threshold: draft i needs before_i = prod_{j < i} p(d_j) >= confidence
     # (its largest probability is <= 1), so once no row whose chain is still valid has that,
     # drafts i .. gamma - 1 are invalid in every row and are never computed (a separate draft
