@@ -205,6 +205,19 @@ class Stateless(Unsplit):
         return state
 
 
+class StatelessChain(Stateless):
+    """A ``Stateless`` drafter of chains of ``gamma`` nodes (a dataclass field of the
+    subclass), checked at construction: ``RepeatDrafter``, ``GrammarDrafter``."""
+
+    def __post_init__(self):
+        check_gamma(self.gamma)
+
+    @property
+    def n_nodes(self) -> int:
+        """N = gamma (a chain)."""
+        return self.gamma
+
+
 def check_gamma(gamma: int) -> None:
     """Raise ``ValueError`` unless ``gamma`` is an int >= 1."""
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:

@@ -19,12 +19,12 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxspec.drafters.base import Capabilities, Stateless, check_gamma
+from jaxspec.drafters.base import Capabilities, StatelessChain
 from jaxspec.tree import Proposal
 
 
 @dataclasses.dataclass(frozen=True)
-class GrammarDrafter(Stateless):
+class GrammarDrafter(StatelessChain):
     """Drafts only what the request's grammar forces (``regex=`` / ``response_format=``):
     up to ``gamma`` tokens a step, none where the text is free (a one-token step).
 
@@ -38,14 +38,6 @@ class GrammarDrafter(Stateless):
     gamma: int = 8
     capabilities = Capabilities(abstains=True)
     kind = "grammar"
-
-    def __post_init__(self):
-        check_gamma(self.gamma)
-
-    @property
-    def n_nodes(self) -> int:
-        """N = gamma (a chain)."""
-        return self.gamma
 
     def propose(self, params, state, context):
         """``(None, an empty chain of gamma invalid nodes)``: the engine's grammar step fills it."""

@@ -12,12 +12,12 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxspec.drafters.base import Capabilities, Stateless, check_gamma
+from jaxspec.drafters.base import Capabilities, StatelessChain
 from jaxspec.tree import Proposal
 
 
 @dataclasses.dataclass(frozen=True)
-class RepeatDrafter(Stateless):
+class RepeatDrafter(StatelessChain):
     """Proposes the chain ``[t, t, ..., t]`` (``gamma`` nodes) after the last token t.
 
     Attributes:
@@ -30,14 +30,6 @@ class RepeatDrafter(Stateless):
     gamma: int = 4
     capabilities = Capabilities()  # class attributes, not fields: never abstains
     kind = "repeat"
-
-    def __post_init__(self):
-        check_gamma(self.gamma)
-
-    @property
-    def n_nodes(self) -> int:
-        """N = gamma (a chain)."""
-        return self.gamma
 
     def propose(self, params, state, context):
         """``(None, Proposal.chain(int32 [B, gamma]))``: the last token, ``gamma`` times."""
