@@ -97,11 +97,14 @@ def is_live(tables: GrammarTables, state: jax.Array) -> jax.Array:
 
 def constrain(tables: GrammarTables, state: jax.Array, proposal):
     """A proposal without q (``jaxspec.tree.Proposal``, deterministic drafts) under the
-    grammar: where the state after a node's parent forces a token (``GrammarTables.forced``)
-    the node proposes it, valid even where the drafter proposed nothing (grammar-forced
-    drafts, SGLang's jump-forward decoding inside the verify window); a node whose token the
-    state does not allow is made invalid (the target would reject it). ``state`` int32 ``[B]``:
-    each row's state after its committed text.
+    grammar, node by node, with the state after the node's parent: a valid node whose token
+    the state allows is kept (the drafter's spelling of forced text too: an n-gram drafter
+    that saw the model write ``":`` then ``"`` proposes that, where the forced token is
+    ``":"``); otherwise, where the state forces a token (``GrammarTables.forced``), the node
+    proposes it, valid even where the drafter proposed nothing (grammar-forced drafts,
+    SGLang's jump-forward decoding inside the verify window); else the node is invalid (the
+    target would reject its token). ``state`` int32 ``[B]``: each row's state after its
+    committed text.
 
     Lossless: a deterministic proposal is accepted with probability p(token), so replacing
     or dropping drafts changes only which are proposed. (A proposal with q must be drawn
@@ -113,9 +116,10 @@ def constrain(tables: GrammarTables, state: jax.Array, proposal):
     for i in range(n):  # parents come before their children
         parent = jnp.stack(states, axis=1)[rows, jnp.clip(proposal.parents[:, i] + 1, 0, i)]
         forced = jnp.where(parent >= 0, tables.forced[jnp.maximum(parent, 0)], -1)
-        token = jnp.where(forced >= 0, forced, proposal.tokens[:, i])
+        own = proposal.valid[:, i] & (advance(tables, parent, proposal.tokens[:, i]) >= 0)
+        token = jnp.where(own | (forced < 0), proposal.tokens[:, i], forced)
         after = advance(tables, parent, token)
-        ok = (proposal.valid[:, i] | (forced >= 0)) & (after >= 0)
+        ok = (own | (forced >= 0)) & (after >= 0)
         states.append(jnp.where(ok, after, -1))
         tokens.append(token)
         valid.append(ok)

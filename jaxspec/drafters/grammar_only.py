@@ -36,8 +36,13 @@ class GrammarDrafter(StatelessChain):
     """
 
     gamma: int = 8
-    capabilities = Capabilities(abstains=True)
     kind = "grammar"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Abstains; verified at the width of the longest forced run of the batch (every
+        width 1 .. gamma a branch of the compiled step: forced runs are mostly short)."""
+        return Capabilities(abstains=True, verify_widths=tuple(range(1, self.gamma)))
 
     def propose(self, params, state, context):
         """``(None, an empty chain of gamma invalid nodes)``: the engine's grammar step fills it."""
