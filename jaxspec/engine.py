@@ -96,6 +96,8 @@ class LoopState:
     recent: jax.Array  # int32 [B, GATE_WINDOW]: tokens emitted by the row's last verify steps (a ring)
     # int32 [B]: each row's automaton state after its text (jaxspec.grammar), or None (no grammar)
     grammar_state: jax.Array | None = None
+    # int32 [B, F]: how each row's target spelled each forced text last (jaxspec.grammar.remember), or None
+    spelling: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -165,7 +167,10 @@ def _prefill(target, model: TargetModel, drafter, drafter_params, inputs: Inputs
     g = inputs.grammar
     probs = processed_probs(logits, sp, history, allowed=None if g is None else grammar.allowed(g, g.initial)[:, None])
     first = sample(fold_rows(fold_rows(inputs.keys, 0), 1), probs[:, 0])
-    grammar_state = None if g is None else grammar.advance(g, g.initial, first)
+    grammar_state = spelling = None
+    if g is not None:
+        grammar_state = grammar.advance(g, g.initial, first)
+        spelling = grammar.remember(g, grammar.no_spelling(g, b), g.initial, first, jnp.ones((b,), bool))
 
     tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(inputs.prompt)
     tokens = cache_lib.write(tokens, first[:, None], inputs.prompt_lens)
@@ -197,6 +202,7 @@ def _prefill(target, model: TargetModel, drafter, drafter_params, inputs: Inputs
         speculating=jnp.ones((b,), bool),
         recent=jnp.zeros((b, policy.GATE_WINDOW), jnp.int32),
         grammar_state=grammar_state,
+        spelling=spelling,
     )
 
 
@@ -316,7 +322,7 @@ def _draft(drafter, drafter_params, inputs: Inputs, rule, keys, root, s: LoopSta
                       s.grammar_state)
     drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
     if inputs.grammar is not None and proposal.q is None:  # forced drafts in, forbidden ones out
-        proposal = grammar.constrain(inputs.grammar, s.grammar_state, proposal)
+        proposal = grammar.constrain(inputs.grammar, s.grammar_state, proposal, s.spelling)
     if _gated(drafter, inputs, rule):
         proposal = dataclasses.replace(proposal, valid=proposal.valid & s.speculating[:, None])
     return drafter_state, rule.fill(proposal, root)
@@ -359,7 +365,7 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
     may_stop = in_block & stopping.may_stop(sp, s.history.n_generated, emit)
     tails, string_stop = stopping.completed(inputs.stops, s.tail, new, may_stop)
     is_stop = (sp.is_stop(new) | string_stop) & in_block
-    g, grammar_state = inputs.grammar, s.grammar_state
+    g, grammar_state, spelling = inputs.grammar, s.grammar_state, s.spelling
     if g is not None:  # a token after which the row's automaton allows nothing ends the row
         states = [s.grammar_state]
         for j in range(emit):
@@ -376,6 +382,9 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
     if g is not None:
         kept_state = jnp.take_along_axis(states, jnp.maximum(n_keep - 1, 0)[:, None], axis=1)[:, 0]
         grammar_state = jnp.where(n_keep > 0, kept_state, s.grammar_state)
+        for j in range(emit):  # the state before each kept token, and how the target spelled it
+            before = s.grammar_state if j == 0 else states[:, j - 1]
+            spelling = grammar.remember(g, spelling, before, new[:, j], j < n_keep)
     kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
     counted = active.astype(jnp.int32)
     # Drafts that verification accepted but a stop or max_new_tokens then cut off were never
@@ -405,6 +414,7 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
         speculating=speculating,
         recent=recent,
         grammar_state=grammar_state,
+        spelling=spelling,
     )
 
 

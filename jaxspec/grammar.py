@@ -51,6 +51,7 @@ import numpy as np
 MAX_STATES = 2048  # automaton states of one call, all its grammars together (the free state not counted)
 MIN_STATES = 16  # the state bucket's least size
 MIN_CLASSES = 64  # the token-class bucket's least size
+MIN_SLOTS = 16  # the least number of forced-text spellings a row remembers (a bucket)
 # JSON from a schema is compact, as ``json.dumps(separators=(",", ":"))`` writes it: no
 # whitespace between JSON's tokens (outlines-core's default allows one space, ``[ ]?``), so
 # every key and punctuation run is forced text, which the engine drafts for free.
@@ -67,6 +68,9 @@ class GrammarTables:
       next_state: int32 ``[G, C]``, the state after a token of class c in state s; -1: not allowed.
       live: bool ``[G]``, states that allow some token.
       forced: int32 ``[G]``, the token each state forces (``Automaton.forced``), -1 where none.
+      spelled: int32 ``[G]``, the slot of a row's ``spelling`` memory that a forcing state
+        reads and writes (one per distinct forced token), -1 where none; ``[F]`` slots.
+      slots: int32 ``[F]``, each slot's forced token (-1: padding); its length is F.
       initial: int32 ``[B]``, each row's first state (0: no grammar).
     """
 
@@ -74,7 +78,23 @@ class GrammarTables:
     next_state: jax.Array
     live: jax.Array
     forced: jax.Array
+    spelled: jax.Array
+    slots: jax.Array
     initial: jax.Array
+
+
+def no_spelling(tables: GrammarTables, batch: int) -> jax.Array:
+    """int32 ``[B, F]`` of -1: no row has written any forced text yet."""
+    return jnp.full((batch, tables.slots.shape[0]), -1, jnp.int32)
+
+
+def remember(tables: GrammarTables, spelling: jax.Array, state: jax.Array, token: jax.Array, keep: jax.Array):
+    """``spelling`` int32 ``[B, F]`` after each row wrote ``token`` int32 ``[B]`` in ``state``
+    int32 ``[B]`` (where ``keep`` bool ``[B]``): at a forcing state the slot of its forced text
+    now holds the token the target chose to spell it with."""
+    slot = jnp.where((state >= 0) & keep, tables.spelled[jnp.maximum(state, 0)], -1)
+    rows = jnp.arange(spelling.shape[0])
+    return spelling.at[rows, jnp.where(slot >= 0, slot, spelling.shape[1])].set(token, mode="drop")
 
 
 def allowed(tables: GrammarTables, state: jax.Array) -> jax.Array:
@@ -95,7 +115,7 @@ def is_live(tables: GrammarTables, state: jax.Array) -> jax.Array:
     return (state >= 0) & tables.live[jnp.maximum(state, 0)]
 
 
-def constrain(tables: GrammarTables, state: jax.Array, proposal):
+def constrain(tables: GrammarTables, state: jax.Array, proposal, spelling: jax.Array | None = None):
     """A proposal without q (``jaxspec.tree.Proposal``, deterministic drafts) under the
     grammar, node by node, with the state after the node's parent: a valid node whose token
     the state allows is kept (the drafter's spelling of forced text too: an n-gram drafter
@@ -105,6 +125,11 @@ def constrain(tables: GrammarTables, state: jax.Array, proposal):
     SGLang's jump-forward decoding inside the verify window); else the node is invalid (the
     target would reject its token). ``state`` int32 ``[B]``: each row's state after its
     committed text.
+
+    Which token spells forced text: the one this row's target chose the last time it wrote
+    the same forced text (``spelling`` int32 ``[B, F]``, kept by the engine with
+    ``remember``: a model that writes ``":`` then ``"`` where the tokenizer's encoding is
+    ``":"`` gets its own spelling drafted at the next key), else the tokenizer's encoding.
 
     Lossless: a deterministic proposal is accepted with probability p(token), so replacing
     or dropping drafts changes only which are proposed. (A proposal with q must be drawn
@@ -116,6 +141,11 @@ def constrain(tables: GrammarTables, state: jax.Array, proposal):
     for i in range(n):  # parents come before their children
         parent = jnp.stack(states, axis=1)[rows, jnp.clip(proposal.parents[:, i] + 1, 0, i)]
         forced = jnp.where(parent >= 0, tables.forced[jnp.maximum(parent, 0)], -1)
+        if spelling is not None:
+            slot = jnp.where(parent >= 0, tables.spelled[jnp.maximum(parent, 0)], -1)
+            learned = jnp.where(slot >= 0, spelling[rows, jnp.maximum(slot, 0)], -1)
+            learned_ok = (learned >= 0) & (advance(tables, parent, learned) >= 0)
+            forced = jnp.where((forced >= 0) & learned_ok, learned, forced)
         own = proposal.valid[:, i] & (advance(tables, parent, proposal.tokens[:, i]) >= 0)
         token = jnp.where(own | (forced < 0), proposal.tokens[:, i], forced)
         after = advance(tables, parent, token)
@@ -357,12 +387,14 @@ class HostTables:
     next_state: np.ndarray
     live: np.ndarray
     forced: np.ndarray
+    spelled: np.ndarray
+    slots: np.ndarray
     final: np.ndarray  # bool [G]: accepting states (the free state counts as accepting)
     initial: np.ndarray  # int32 [B]
 
     def device(self) -> GrammarTables:
-        return GrammarTables(jnp.asarray(self.token_class), jnp.asarray(self.next_state), jnp.asarray(self.live),
-                             jnp.asarray(self.forced), jnp.asarray(self.initial))
+        return GrammarTables(*(jnp.asarray(x) for x in (self.token_class, self.next_state, self.live, self.forced,
+                                                         self.spelled, self.slots, self.initial)))
 
     def run(self, row: int, tokens: Sequence[int]) -> int:
         """The state of row ``row`` after ``tokens`` (-1 once one was not allowed)."""
@@ -434,4 +466,8 @@ def tables(automata: Sequence[Automaton | None], stop_ids: Sequence[int], vocab_
         offset += a.n_states
     initial = np.array([0 if a is None else start[id(a)] for a in automata], np.int32)
     live = np.any(next_state >= 0, axis=1)
-    return HostTables(token_class.astype(np.int32), next_state, live, forced, final, initial)
+    distinct_forced = np.unique(forced[forced >= 0])
+    slots = np.full(_bucket(distinct_forced.size, MIN_SLOTS), -1, np.int32)
+    slots[: distinct_forced.size] = distinct_forced
+    spelled = np.where(forced >= 0, np.searchsorted(distinct_forced, forced), -1).astype(np.int32)
+    return HostTables(token_class.astype(np.int32), next_state, live, forced, spelled, slots, final, initial)
