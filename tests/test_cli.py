@@ -208,7 +208,10 @@ def test_options_the_drafter_does_not_use(flags, message, no_load):
      (["--disable-by-acceptance", "0.5"], r"--disable-by-acceptance must be auto, none or a mean accepted length "
                                           r"\(tau\) in \(1, 5\]"),
      (["--drafter", "medusa", "--medusa-topk", "3,2", "--disable-by-acceptance", "3.5"], r"in \(1, 3\]"),
-     (["--stop-token-id", "-1"], "--stop-token-id must be token ids >= 0, got -1")],
+     (["--stop-token-id", "-1"], "--stop-token-id must be token ids >= 0, got -1"),
+     (["--json-schema", "/nonexistent/s.json"], "cannot read --json-schema /nonexistent/s.json"),
+     (["--regex", "a+", "--json-schema", "/dev/null"], "is not a JSON file"),
+     (["--drafter", "grammar", "--tree-nodes", "4"], "it drafts a chain")],
 )
 def test_drafter_errors_before_the_model_loads(flags, message, no_load):
     """Every check that needs no weights runs before the model loads, and names the flag."""

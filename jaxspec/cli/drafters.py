@@ -58,8 +58,8 @@ def _drafter_before_load(args):
             return None
         base.check_gamma(args.gamma)
         base.check_int("tree_nodes", args.tree_nodes, 0)
-        if d == "repeat":
-            return kinds.build("repeat", gamma=args.gamma)[0]
+        if d in ("repeat", "grammar"):
+            return kinds.build(d, gamma=args.gamma)[0]
         if d == "ngram":
             if args.tree_nodes % args.gamma:
                 raise SystemExit(f"error: --tree-nodes for ngram must be a multiple of --gamma ({args.gamma}): each "
@@ -94,7 +94,7 @@ def _make_drafter(args, model, load):
     ``load(name)`` loads a draft model."""
     drafter = _drafter_before_load(args)
     try:
-        if args.drafter in ("none", "lookahead", "repeat", "ngram"):
+        if args.drafter in ("none", "lookahead", "repeat", "ngram", "grammar"):
             return drafter, None
         if args.drafter == "early-exit":
             return kinds.build("early-exit", model, n_layers=args.early_exit_layers, **_tree(args))

@@ -52,7 +52,7 @@ _CHAIN_OR_TREE = ("early-exit", "model", "eagle")
 DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {
     "draft_model": ("model",), "shard_drafter": ("model",), "eagle_head": ("eagle",),
     "medusa_heads": ("medusa",), "medusa_topk": ("medusa",),
-    "gamma": ("ngram", *_CHAIN_OR_TREE, "medusa", "repeat"),
+    "gamma": ("ngram", *_CHAIN_OR_TREE, "medusa", "repeat", "grammar"),
     "tree_nodes": ("ngram", *_CHAIN_OR_TREE), "branching": _CHAIN_OR_TREE, "draft_confidence": _CHAIN_OR_TREE,
     "early_exit_layers": ("early-exit",),
     **dict.fromkeys(("ngram_max", "ngram_min", "ngram_branch_min", "short_gamma", "long_match"), ("ngram",)),
@@ -64,7 +64,7 @@ _LOOKAHEAD_BUDGET = "its node budget is (--window + --guesses) x (--ngram - 1)"
 WHY_NOT = {("lookahead", "gamma"): f"its depth is --ngram - 1 and {_LOOKAHEAD_BUDGET}",
            ("lookahead", "tree_nodes"): _LOOKAHEAD_BUDGET,
            ("medusa", "tree_nodes"): "its tree is --medusa-topk, children per node at each depth",
-           ("repeat", "tree_nodes"): "it drafts a chain", ("none", None): "plain decoding drafts nothing"}
+           ("repeat", "tree_nodes"): "it drafts a chain", ("grammar", "tree_nodes"): "it drafts a chain", ("none", None): "plain decoding drafts nothing"}
 # A drafter option's default is the registry's (jaxspec.drafters.kinds: written once, beside its drafter).
 OPTION_DEFAULTS = {"tree_nodes": kinds.default("model", "tree_nodes"), "branching": kinds.default("model", "branching"),
                    "ngram_max": kinds.default("ngram", "max_n"), "ngram_min": kinds.default("ngram", "min_n"),
@@ -84,7 +84,8 @@ PARAM_FLAGS = {"gamma": "--gamma", "tree_nodes": "--tree-nodes", "branching": "-
                "short_gamma": "--short-gamma", "long_match": "--long-match", "topk": "--medusa-topk",
                "window": "--window", "ngram": "--ngram", "guesses": "--guesses", "pool_size": "--pool-size",
                "max_new_tokens": "--max-new-tokens", "stop_token_ids": "--stop-token-id",
-               "disable_by_batch_size": "--disable-by-batch-size", "disable_by_acceptance": "--disable-by-acceptance"}
+               "disable_by_batch_size": "--disable-by-batch-size", "disable_by_acceptance": "--disable-by-acceptance",
+               "regex": "--regex", "response_format": "--json-schema"}
 # a quoted string (a path) or a repr such as NGramDrafter(gamma=4, ...), kept as they are, or a parameter name (and
 # "=None"; "draft confidence", "lookahead window": words, not the parameters)
 _PARAM = re.compile(r"(?<!\w)'[^']*'|[A-Z]\w*\([^()]*\)|(?<![\w-])(?<!draft )(?<!lookahead )("
@@ -213,6 +214,20 @@ def _synthetic(args):
         raise SystemExit(f"error: {flag}: {e}")
 
 
+def _response_format(args) -> dict | None:
+    """``--json-schema PATH`` as ``generate``'s ``response_format`` (None without it)."""
+    if args.json_schema is None:
+        return None
+    try:
+        with open(args.json_schema) as f:
+            schema = json.load(f)
+    except OSError as e:
+        raise SystemExit(f"error: cannot read --json-schema {args.json_schema}: {e.strerror}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(f"error: --json-schema {args.json_schema} is not a JSON file: {e}")
+    return {"type": "json_schema", "json_schema": {"name": args.json_schema, "schema": schema}}
+
+
 def _sampling(args):
     import jaxspec
 
@@ -222,7 +237,7 @@ def _sampling(args):
             top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
             frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty, seed=args.seed,
             n=args.n, stop=args.stop, stop_token_ids=args.stop_token_id, logprobs=args.logprobs,
-            logprobs_mode=args.logprobs_mode,
+            logprobs_mode=args.logprobs_mode, regex=args.regex, response_format=_response_format(args),
         )
     except ValueError as e:
         name = str(e).split(" ")[0]

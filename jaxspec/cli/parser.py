@@ -30,7 +30,7 @@ def _drafter_arguments(g) -> None:
                    help="parameter dtype (default: float32 on CPU, bfloat16 on accelerators)")
     g.add_argument("--drafter", choices=DRAFTERS, default="ngram",
                    help="drafting method (default: ngram; repeat: gamma copies of the last token, zero cost, for "
-                        "--synthetic-acceptance)")
+                        "--synthetic-acceptance; grammar: the tokens --regex / --json-schema force)")
     g.add_argument("--draft-model", help="draft model name or .gguf path, for --drafter model")
     g.add_argument("--eagle-head", metavar="PATH",
                    help="EAGLE-3 head directory for --drafter eagle (python -m checkpoints_tools train-eagle; "
@@ -112,6 +112,10 @@ def _sampling_arguments(g) -> None:
                    help="report each token's log-probability and the N most probable alternatives (in --json)")
     s.add_argument("--logprobs-mode", choices=("raw", "processed"), default=None,
                    help="logprobs of the model's raw distribution (default) or of the processed one sampled from")
+    s.add_argument("--regex", default=None, metavar="PATTERN",
+                   help="structured output: the text matches this regular expression (docs/structured_output.md)")
+    s.add_argument("--json-schema", default=None, metavar="PATH",
+                   help="structured output: the text is compact JSON valid under the JSON Schema in this file")
     s.add_argument("--n", type=int, default=1, help="samples per prompt (default: 1)")
     s.add_argument("--seed", type=int, default=0, help="random seed; sample r uses seed + r (default: 0)")
 

@@ -21,7 +21,8 @@ drafter class's own field defaults, so each default is written once, beside its 
 Kinds, their drafter, and what ``target`` must be:
 
 - ``ngram`` (``NGramDrafter``), ``repeat`` (``RepeatDrafter``), ``lookahead``
-  (``LookaheadDrafter``): not read (None);
+  (``LookaheadDrafter``), ``grammar`` (``GrammarDrafter``: a call with ``regex=`` or
+  ``response_format=``): not read (None);
 - ``model`` (``ModelDrafter``): not read; the option ``draft`` is the draft ``Model`` (or its
   ``ModelConfig``);
 - ``early-exit`` (``EarlyExitDrafter``): the target ``Model`` or its ``ModelConfig``;
@@ -36,6 +37,7 @@ from typing import Any
 
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.eagle import EagleDrafter
+from jaxspec.drafters.grammar_only import GrammarDrafter
 from jaxspec.drafters.lookahead import LookaheadDrafter
 from jaxspec.drafters.medusa import MedusaDrafter
 from jaxspec.drafters.model import EarlyExitDrafter, ModelDrafter
@@ -43,7 +45,7 @@ from jaxspec.drafters.ngram import NGramDrafter
 from jaxspec.drafters.repeat import RepeatDrafter
 
 CLASSES = {"ngram": NGramDrafter, "early-exit": EarlyExitDrafter, "model": ModelDrafter, "eagle": EagleDrafter,
-           "medusa": MedusaDrafter, "lookahead": LookaheadDrafter, "repeat": RepeatDrafter}
+           "medusa": MedusaDrafter, "lookahead": LookaheadDrafter, "repeat": RepeatDrafter, "grammar": GrammarDrafter}
 KINDS = tuple(CLASSES)  # the command line's --drafter choices, in its order (besides "none")
 
 
@@ -68,6 +70,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "medusa": {"heads": None, **_field_defaults(MedusaDrafter, "config")},
     "lookahead": _field_defaults(LookaheadDrafter),
     "repeat": _field_defaults(RepeatDrafter),
+    "grammar": _field_defaults(GrammarDrafter),
 }
 REQUIRED = {"model": "draft", "eagle": "head", "medusa": "heads"}
 
@@ -117,7 +120,7 @@ def build(kind: str, target=None, **options) -> tuple[Any, Any]:
       FileNotFoundError: a head directory that does not exist.
     """
     o = options_of(kind, options)
-    if kind in ("ngram", "repeat", "lookahead"):
+    if kind in ("ngram", "repeat", "lookahead", "grammar"):
         return CLASSES[kind](**o), None
     if kind == "model":
         draft = o.pop("draft")
