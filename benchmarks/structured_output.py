@@ -74,6 +74,51 @@ def drafter_of(method: str):
     raise ValueError(f"unknown method {method!r}: plain, grammar_gK or ngram_gK")
 
 
+class HFConstrained:
+    """transformers' ``generate`` under the same automaton: a logits processor that masks each
+    position's scores to the tokens ``jaxspec.grammar``'s tables (outlines-core's index over
+    the same vocabulary) allow after the tokens generated so far. It reads the state from the
+    ids it is given, so it serves plain decoding and prompt lookup alike (assisted decoding
+    calls it for every candidate position)."""
+
+    def __init__(self, model_name: str, tokenizer, vocab_size: int):
+        import torch
+        from benchmarks.spec_bench import load_hf
+
+        self.torch, self.tok, self.vocab = torch, tokenizer, vocab_size
+        self.model = load_hf(model_name)
+
+    def __call__(self, method: str, ids: list[int], fmt: dict, max_new: int, eos: list[int]):
+        """``(tokens, seconds)`` of greedy ``method`` (``hf_plain`` or ``hf_prompt_lookup_gK``)."""
+        import numpy as np
+        import transformers
+        from jaxspec import grammar
+
+        torch = self.torch
+        tables = grammar.tables([grammar.compile_grammar(None, fmt, self.tok)], eos, self.vocab)
+        start = len(ids)
+
+        class Mask(transformers.LogitsProcessor):
+            def __call__(self, input_ids, scores):
+                for b in range(input_ids.shape[0]):
+                    state = tables.run(0, input_ids[b, start:].tolist())
+                    allowed = np.zeros(scores.shape[-1], bool) if state < 0 else \
+                        tables.next_state[state, tables.token_class][: scores.shape[-1]] >= 0
+                    scores[b, torch.from_numpy(~allowed)] = -float("inf")
+                return scores
+
+        x = torch.tensor([ids], dtype=torch.long)
+        kw = dict(attention_mask=torch.ones_like(x), max_new_tokens=max_new, eos_token_id=eos, pad_token_id=eos[0],
+                  do_sample=False, logits_processor=transformers.LogitsProcessorList([Mask()]))
+        if method.startswith("hf_prompt_lookup"):
+            kw["prompt_lookup_num_tokens"] = int(method.rsplit("_g", 1)[1]) if "_g" in method else 10
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            out = self.model.generate(x, **kw)
+            sec = time.perf_counter() - t0
+        return out[0, start:].tolist(), sec
+
+
 def valid(text: str, schema: dict) -> bool:
     import jsonschema
 
@@ -90,7 +135,8 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--prompts", type=int, default=len(PROMPTS))
-    p.add_argument("--methods", default="plain,grammar_g8,ngram_g4")
+    p.add_argument("--methods", default="plain,grammar_g8,ngram_g4",
+                   help="plain first; grammar_gK, ngram_gK; hf_plain, hf_prompt_lookup_gK (transformers, same grammar)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -101,11 +147,28 @@ def main(argv=None) -> int:
     if methods[0] != "plain":
         raise SystemExit("--methods must start with plain (the reference)")
     model = jaxspec.load(args.model, dtype=args.dtype)
+    hf = None
+    if any(m.startswith("hf_") for m in methods):
+        hf = HFConstrained(args.model, model.tokenizer, model.config.vocab_size)
     rows = []
     for i, (schema, passage) in enumerate(PROMPTS[: args.prompts]):
         fmt = {"type": "json_schema", "json_schema": {"name": "extract", "schema": schema}}
         row = {"prompt": i, "passage": passage}
         for method in methods:
+            if method.startswith("hf_"):
+                from jaxspec.request import prompt_ids
+
+                ids = prompt_ids(instruction(schema, passage), model.tokenizer, True)[0]  # as generate's chat=True
+                tokens, sec = hf(method, ids, fmt, args.max_new_tokens, list(model.config.eos_ids))
+                if not rows:  # the first prompt's first call warms transformers up: run it again
+                    tokens, sec = hf(method, ids, fmt, args.max_new_tokens, list(model.config.eos_ids))
+                text = model.tokenizer.decode(tokens)
+                finished = bool(tokens) and tokens[-1] in model.config.eos_ids
+                row[method] = {"tokens": tokens, "text": text, "finish": "stop" if finished else "length",
+                               "new_tokens": len(tokens), "run_s": sec, "tok_s": len(tokens) / sec, "tau": None,
+                               "valid": valid(text, schema) if finished else None}
+                continue
+
             def run():
                 return jaxspec.generate(model, instruction(schema, passage), chat=True, response_format=fmt,
                                         drafter=drafter_of(method), max_new_tokens=args.max_new_tokens)
@@ -122,7 +185,7 @@ def main(argv=None) -> int:
             r["speedup"] = r["tok_s"] / row["plain"]["tok_s"]
             r["same_tokens"] = r["tokens"] == row["plain"]["tokens"]
         rows.append(row)
-        print(f"prompt {i}: " + ", ".join(f"{m} {row[m]['speedup']:.2f}x tau {row[m]['tau']:.2f}" for m in methods)
+        print(f"prompt {i}: " + ", ".join(f"{m} {row[m]['speedup']:.2f}x tau {row[m]['tau'] or 0:.2f}" for m in methods)
               + f" | {row['plain']['text']}")
     summary = {}
     for method in methods:
@@ -132,13 +195,13 @@ def main(argv=None) -> int:
             "speedup_median": median([r["speedup"] for r in rs]),
             "speedup_min": min(r["speedup"] for r in rs),
             "tok_s_median": median([r["tok_s"] for r in rs]),
-            "tau_median": median([r["tau"] for r in rs]),
+            "tau_median": median([r["tau"] for r in rs if r["tau"] is not None]),
             "finished": len(finished), "valid": sum(bool(r["valid"]) for r in finished),
             "same_tokens": sum(r["same_tokens"] for r in rs), "prompts": len(rs),
         }
         s = summary[method]
         print(f"{method}: {s['speedup_median']:.2f}x plain (min {s['speedup_min']:.2f}x), "
-              f"{s['tok_s_median']:.1f} tok/s, tau {s['tau_median']:.2f}, valid {s['valid']}/{s['finished']} "
+              f"{s['tok_s_median']:.1f} tok/s, tau {s['tau_median'] or 0:.2f}, valid {s['valid']}/{s['finished']} "
               f"finished of {s['prompts']}, tokens as plain {s['same_tokens']}/{s['prompts']}")
     record = {"benchmark": "structured_output", "model": args.model, "dtype": args.dtype,
               "max_new_tokens": args.max_new_tokens, "methods": methods, "summary": summary, "rows": rows,

@@ -219,7 +219,20 @@ def pass_profile(path: str, d: dict) -> str:
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
 
 
-KINDS = {"pass_profile": pass_profile, "exact_logprobs": exact_logprobs, "pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
+def structured_output(path: str, d: dict) -> str:
+    md = ["| method | tok/s | median speedup vs constrained plain (min) | tau | valid / finished | identical to plain |",
+          "|---|---|---|---|---|---|"]
+    for name, x in d["summary"].items():
+        md.append(f"| `{name}` | {_f(x['tok_s_median'], '.1f')} | {_f(x['speedup_median'], '.2f', 'x')} "
+                  f"({x['speedup_min']:.2f}) | {_f(x['tau_median'])} | {x['valid']}/{x['finished']} | "
+                  f"{x['same_tokens']}/{x['prompts']} |")
+    md += ["", f"{d['model']}, {d['dtype']} weights, {len(d['rows'])} JSON extraction prompts under their JSON "
+           f"Schemas (`benchmarks/structured_output.py`), up to {d['max_new_tokens']} new tokens, greedy, batch 1; "
+           "speedups are medians over prompts of tok/s over constrained plain decoding's on the same prompt."]
+    return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
+
+
+KINDS = {"structured_output": structured_output, "pass_profile": pass_profile, "exact_logprobs": exact_logprobs, "pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
 
 
 def _write(out: str, text: str) -> None:
