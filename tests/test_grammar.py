@@ -233,3 +233,25 @@ def test_grammar_needs_a_tokenizer_and_a_state_limit(tiny, tok, monkeypatch):
     monkeypatch.setattr(grammar, "MAX_STATES", 4)
     with pytest.raises(ValueError, match="over the limit of 4"):
         _gen(tiny, tok, regex="abcdefgh", max_new_tokens=4)
+
+
+def test_finish_reasons_read_the_automaton():
+    """``result._finish``: a row whose automaton allows nothing more is "stop" where it accepts
+    and "dead_end" where it does not; a stop reason wins; otherwise "length"."""
+    import dataclasses
+
+    from jaxspec import result
+
+    # states: 0 free, 1 start, 2 accepting and closed, 3 dead end (allows nothing, not accepting)
+    nxt = np.full((4, 2), -1, np.int32)
+    nxt[0] = 0
+    nxt[1] = [2, 3]
+    t = grammar.HostTables(token_class=np.array([0, 1], np.int32), next_state=nxt, live=np.any(nxt >= 0, axis=1),
+                           forced=np.full(4, -1, np.int32), spelled=np.full(4, -1, np.int32),
+                           slots=np.full(16, -1, np.int32), final=np.array([True, False, True, False]),
+                           initial=np.array([1, 1, 0], np.int32))
+    req = dataclasses.make_dataclass("Req", ["grammar"])(t)
+    assert result._finish(req, 0, [0], None) == "stop"
+    assert result._finish(req, 1, [1], None) == "dead_end"
+    assert result._finish(req, 1, [1], 7) == "stop"
+    assert result._finish(req, 2, [1, 0], None) == "length"  # a free row
