@@ -14,7 +14,7 @@ equal constrained plain decoding's (greedy: they must).
 Run from the repository root::
 
     python -m benchmarks.structured_output [--model smollm2-135m] [--dtype float32]
-        [--max-new-tokens 96] [--prompts 12] [--methods plain,grammar_g8,ngram_g4]
+        [--max-new-tokens 96] [--prompts 12] [--methods plain,grammar_g8,ngram_g4,eagle_g3,hf_plain]
 
 Writes ``benchmarks/results/structured_output_<model>_cpu_<date>.json`` (machine, versions,
 command, per-prompt rows) and prints the summary.
@@ -60,18 +60,22 @@ def instruction(schema: dict, passage: str) -> str:
     return f"Extract the fields {keys} from the text below and answer with one JSON object.\n\nText: {passage}"
 
 
-def drafter_of(method: str):
-    """``plain``, ``grammar_gK`` (GrammarDrafter) or ``ngram_gK`` (NGramDrafter)."""
+def drafter_of(method: str, model=None, model_name: str = "smollm2-135m"):
+    """``(drafter, drafter_params)`` of ``plain``, ``grammar_gK`` (GrammarDrafter),
+    ``ngram_gK`` (NGramDrafter) or ``eagle_gK`` (the EAGLE-3 head that ships for
+    ``model_name``, a chain of K drafted from its masked q; needs the target ``model``)."""
     import jaxspec
 
     if method == "plain":
-        return None
+        return None, None
     kind, gamma = method.rsplit("_g", 1)
     if kind == "grammar":
-        return jaxspec.GrammarDrafter(gamma=int(gamma))
+        return jaxspec.GrammarDrafter(gamma=int(gamma)), None
     if kind == "ngram":
-        return jaxspec.NGramDrafter(gamma=int(gamma))
-    raise ValueError(f"unknown method {method!r}: plain, grammar_gK or ngram_gK")
+        return jaxspec.NGramDrafter(gamma=int(gamma)), None
+    if kind == "eagle":
+        return jaxspec.load_eagle_head(jaxspec.shipped_head(model_name, "eagle3"), model, gamma=int(gamma))
+    raise ValueError(f"unknown method {method!r}: plain, grammar_gK, ngram_gK or eagle_gK")
 
 
 class HFConstrained:
@@ -136,7 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--prompts", type=int, default=len(PROMPTS))
     p.add_argument("--methods", default="plain,grammar_g8,ngram_g4",
-                   help="plain first; grammar_gK, ngram_gK; hf_plain, hf_prompt_lookup_gK (transformers, same grammar)")
+                   help="plain first; grammar_gK, ngram_gK, eagle_gK (the shipped head); hf_plain, "
+                        "hf_prompt_lookup_gK (transformers, same grammar)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -150,6 +155,7 @@ def main(argv=None) -> int:
     hf = None
     if any(m.startswith("hf_") for m in methods):
         hf = HFConstrained(args.model, model.tokenizer, model.config.vocab_size)
+    drafters = {m: drafter_of(m, model, args.model) for m in methods if not m.startswith("hf_")}
     rows = []
     for i, (schema, passage) in enumerate(PROMPTS[: args.prompts]):
         fmt = {"type": "json_schema", "json_schema": {"name": "extract", "schema": schema}}
@@ -170,8 +176,10 @@ def main(argv=None) -> int:
                 continue
 
             def run():
+                drafter, drafter_params = drafters[method]
                 return jaxspec.generate(model, instruction(schema, passage), chat=True, response_format=fmt,
-                                        drafter=drafter_of(method), max_new_tokens=args.max_new_tokens)
+                                        drafter=drafter, drafter_params=drafter_params,
+                                        max_new_tokens=args.max_new_tokens)
             out = run()
             if out.metrics.compile_s > 0:  # the first call of a program compiles: time a second one
                 out = run()

@@ -167,6 +167,17 @@ def test_text_that_allows_nothing_more_stops_without_eos(tiny, tok):
     assert all(t in ("yes", "no") for t in out.texts), out.texts
 
 
+def test_stop_strings_and_penalties_compose(tiny, tok):
+    """A stop string inside the constrained text cuts it as without a grammar (stop reason the
+    string, the text before it), under penalties, and speculative equals plain."""
+    kw = dict(response_format=FORMAT, max_new_tokens=40, stop=['","age'], repetition_penalty=1.2)
+    plain = _gen(tiny, tok, **kw)
+    spec = _gen(tiny, tok, "ngram", **kw)
+    assert spec.tokens == plain.tokens and spec.texts == plain.texts
+    assert plain.stop_reasons[0] == '","age'
+    assert plain.texts[0].startswith('{"name":"') and '"age' not in plain.texts[0]
+
+
 # ---------------------------------------------------------------------------- sampling
 
 

@@ -47,6 +47,8 @@ RESULTS = {
     "batch_sweep_smollm2_heads": ("benchmarks/results/batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json", "batch_sweep"),
     "structured_output_smollm2": ("benchmarks/results/structured_output_smollm2-135m-float32_cpu_2026-12-07.json",
                                   "structured_output"),
+    "structured_output_gemma3": ("benchmarks/results/structured_output_gemma3-270m-float32_cpu_2026-12-07.json",
+                                 "structured_output"),
     "accelerator_h200_8b": ("benchmarks/results/accelerator_llama-3.1-8b_nvidia-h200_2026-12-04.json", "accelerator"),
     "accelerator_h200_1b": ("benchmarks/results/accelerator_llama-3.2-1b_nvidia-h200_2026-12-04.json", "accelerator"),
 }

@@ -9,11 +9,12 @@ from benchmarks import structured_output as so
 
 
 def test_methods_and_validity():
-    assert so.drafter_of("plain") is None
-    assert so.drafter_of("grammar_g6").gamma == 6 and so.drafter_of("grammar_g6").kind == "grammar"
-    assert so.drafter_of("ngram_g3").gamma == 3
+    assert so.drafter_of("plain") == (None, None)
+    grammar, params = so.drafter_of("grammar_g6")
+    assert grammar.gamma == 6 and grammar.kind == "grammar" and params is None
+    assert so.drafter_of("ngram_g3")[0].gamma == 3
     with pytest.raises(ValueError, match="unknown method"):
-        so.drafter_of("eagle_g2")
+        so.drafter_of("medusa_g2")
     schema = so.PROMPTS[0][0]
     assert so.valid('{"name":"A","age":3,"city":"B","occupation":"C"}', schema)
     assert not so.valid('{"name":"A","age":"3","city":"B","occupation":"C"}', schema)
