@@ -14,7 +14,7 @@ on the device cannot call.
 On the device (``GrammarTables``), every row carries a state (``LoopState.grammar_state``):
 
 - tokens whose transitions agree in every state share a class (a small JSON schema over
-  SmolLM2's 49152 tokens has 39 states and 75 classes), so the automaton is
+  SmolLM2's 49152 tokens has 31 states and 63 classes), so the automaton is
   ``next_state [G, C]`` plus ``token_class [V]``: the state after a token of class c from
   state s, -1 where the token is not allowed;
 - state 0 is free: every token allowed, staying in state 0, the state of a row without a
@@ -258,7 +258,11 @@ def compile_pattern(pattern: str, tokenizer, source: str | None = None) -> Autom
     vocab = _vocabulary(tokenizer)
     oc = _import_outlines()
     try:
-        index = oc.Index(pattern, vocab)
+        # End-anchored: outlines-core's index comes from regex-automata's leftmost-first DFA,
+        # whose match states do not continue into a repetition through a state that is not a
+        # match (unanchored, 'a(x1)*' allowed only "a": outlines-core 0.2.10-0.2.14); anchored
+        # at the end, every continuation of the pattern is in the index.
+        index = oc.Index(f"(?:{pattern})$", vocab)
     except Exception as e:
         if "incompatible" in str(e):  # outlines-core found a character no token can spell
             raise ValueError(f"{source} admits no token sequence of the vocabulary of {tokenizer.name}: {e}") from e

@@ -249,14 +249,16 @@ def shard_params(params: dict, config: ModelConfig, mesh: Mesh, sharded: bool = 
 
 
 def input_specs(inputs) -> Any:
-    """PartitionSpecs of ``engine.Inputs``: per-row arrays (synthetic acceptance rates and gate thresholds included)
-    over ``data``, stop-string tables (shared by all rows) replicated."""
+    """PartitionSpecs of ``engine.Inputs``: per-row arrays (synthetic acceptance rates, gate thresholds and
+    grammar start states included) over ``data``, stop-string and grammar tables (shared by all rows) replicated."""
     return dataclasses.replace(
         inputs, prompt=P(DATA), prompt_lens=P(DATA), max_new_tokens=P(DATA),
         sampling=jax.tree_util.tree_map(lambda _: P(DATA), inputs.sampling),
         keys=P(DATA), stops=jax.tree_util.tree_map(lambda _: P(), inputs.stops),
         synthetic_rates=None if inputs.synthetic_rates is None else P(DATA),
         gate_tau=None if inputs.gate_tau is None else P(DATA),
+        grammar=None if inputs.grammar is None else dataclasses.replace(
+            jax.tree_util.tree_map(lambda _: P(), inputs.grammar), initial=P(DATA)),
     )
 
 

@@ -81,6 +81,17 @@ def test_automaton_tables_follow_the_regex(tok):
     assert t.run(1, tok.encode("anything {at} all")) == 0
 
 
+def test_repetition_after_an_accepting_state_continues(tok):
+    """A pattern that may end and may also go on (``[a-c]+(,[0-9])*``): after "ab" both EOS and
+    the repetition are allowed, and "ab,1,2" is accepted (outlines-core alone, unanchored,
+    lost the repetition after an accepting state)."""
+    t = grammar.tables([grammar.compile_grammar("[a-c]+(,[0-9])*", None, tok)], [EOS], 64)
+    s = t.run(0, tok.encode("ab"))
+    assert t.final[s] and t.next_state[s, t.token_class[tok.encode(",")[0]]] >= 0
+    assert t.final[t.run(0, tok.encode("ab,1,2"))]
+    assert t.run(0, tok.encode("ab,,")) == -1
+
+
 def test_json_schema_automaton_accepts_a_valid_object(tok):
     a = grammar.compile_grammar(None, FORMAT, tok)
     t = grammar.tables([a], [EOS], 64)

@@ -55,7 +55,8 @@ def checkpoint(tmp_path_factory) -> str:
 # `model`, a tree on 2x4) at batch 4, every family switch with logprobs, lookahead and early exit
 # with the gate; the rest (~20-35 s each on 2 cores) are slow (tests/support/ci.py).
 CI_CASES = ["1x8-plain-b1", "4x2-ngram-b4", "1x8-model_sharded-b4",
-            "2x4-families-logprobs-b4", "2x4-model_tree-b4", "2x4-lookahead-b4", "2x4-early_exit_gated-b4"]
+            "2x4-families-logprobs-b4", "2x4-model_tree-b4", "2x4-lookahead-b4", "2x4-early_exit_gated-b4",
+            "2x4-ngram_grammar-b4"]
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +93,7 @@ def _reuses_an_earlier_program(case, ran) -> bool:
     same batch once padded to a multiple of ``data``."""
 
     def key(c):
-        return (c.mesh, c.drafter, c.shard_drafter, c.config, c.logprobs, c.gate is None,
+        return (c.mesh, c.drafter, c.shard_drafter, c.config, c.logprobs, c.gate is None, c.grammar,
                 -(-c.batch // c.mesh[0]))
 
     earlier = [c for c in CASES[: CASES.index(case)] if c.name in ran]

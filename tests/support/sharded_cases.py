@@ -73,6 +73,7 @@ class Case:
     config: jaxspec.ModelConfig = TARGET
     logprobs: int | None = None
     gate: float | None = None  # disable_by_acceptance (None: no acceptance gate)
+    grammar: bool = False  # rows 0 and 2 under GRAMMAR (with TOKENIZER), the others free
 
 
 MESHES = [(1, 8), (2, 4), (4, 2), (8, 1)]
@@ -92,11 +93,24 @@ CASES = [Case(f"{d}x{m}-plain-b{b}", (d, m), "plain", b) for (d, m), b in zip(ME
     Case("2x4-ngram_tree-b4", (2, 4), "ngram_tree", 4), Case("2x4-model_tree-b4", (2, 4), "model_tree", 4),
     Case("1x8-early_exit_tree-b1", (1, 8), "early_exit_tree", 1),
 ] + [Case("2x4-lookahead-b4", (2, 4), "lookahead", 4)  # issue 12: pool and window per row, over `data`
-      ] + [Case("2x4-early_exit_gated-b4", (2, 4), "early_exit", 4, gate=2.5)]  # the acceptance gate: rows gated per
+      ] + [Case("2x4-early_exit_gated-b4", (2, 4), "early_exit", 4, gate=2.5)
+           ] + [Case("2x4-ngram_grammar-b4", (2, 4), "ngram", 4, grammar=True)]  # structured output: tables
+# replicated, each row's start state over `data`  # the acceptance gate: rows gated per
 # data shard, then a second (plain) while loop, with a drafter whose forward holds the target's collectives
 MULTI_CASES = ("4x2-ngram-b4", "1x8-plain-b1")  # also run by two processes
 EXPLICIT_CASE = "4x2-ngram-b4"  # rerun on jax.make_mesh's own mesh
 ORBAX_CASE = next(c for c in CASES if c.name == "1x8-plain-b1")  # rerun on params restored from orbax
+
+
+# Structured output's case: 64 one- or two-character tokens, and a pattern of letters and digits.
+TOKENIZER_TOKENS = list("abcdefghijklmnopqrstuvwxyz0123456789") + [a + b for a in "aeiou" for b in "nrst"] + list(",.;:-+*/")
+GRAMMAR = "[a-z]{2,5}(-[0-9]{1,3})*"
+
+
+def tokenizer():
+    from jaxspec.tokenizer import Tokenizer
+
+    return Tokenizer(TOKENIZER_TOKENS[:64], merges=[], name="tp-bytes")
 
 
 def models(config=TARGET):
@@ -125,7 +139,8 @@ def run(params, draft_params, case: Case, mesh=None):
     result = {"tokens": [], "accepted": [], "drafted": [], "gated": []}
     for temperature in ((0.0, 1.0) if case.batch == 1 else (None,)):
         settings = dict(SETTINGS[case.batch], **({} if temperature is None else {"temperature": temperature}))
-        out = jaxspec.generate(params, PROMPTS[: case.batch], config=case.config, drafter=d, drafter_params=dp,
+        grammar = dict(tokenizer=tokenizer(), regex=[GRAMMAR, None, GRAMMAR, None][: case.batch]) if case.grammar else {}
+        out = jaxspec.generate(params, PROMPTS[: case.batch], config=case.config, drafter=d, drafter_params=dp, **grammar,
                                max_new_tokens=10, ignore_eos=True, seed=3, mesh=mesh, shard_drafter=case.shard_drafter,
                                logprobs=case.logprobs, disable_by_acceptance=case.gate, **settings)
         result["tokens"] += out.tokens
