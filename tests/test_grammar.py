@@ -34,7 +34,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"]}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}
 REGEX = r"[a-z]{2,6}( [0-9]{1,3}){2}"
-DRAFTERS = ["ngram", "early_exit", "model_small", "model_self", "grammar"]
+DRAFTERS = ["ngram", "early_exit", "model_small", "model_self", "grammar", "self_tree"]
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +46,11 @@ def tok():
 
 def _gen(tiny, tok, kind="plain", gamma=4, prompts=None, **kw):
     kw.setdefault("stop_token_ids", [EOS])  # the tiny config has no EOS of its own
-    if kind == "grammar":
-        return jaxspec.generate(tiny.params, prompts or tiny.prompts, config=tiny.cfg, tokenizer=tok,
-                                drafter=jaxspec.GrammarDrafter(gamma=2 * gamma), ignore_eos=False, **kw)
+    if kind in ("grammar", "self_tree"):  # forced runs alone; a top-k tree of the target itself
+        drafter, params = ((jaxspec.GrammarDrafter(gamma=2 * gamma), None) if kind == "grammar" else
+                           (jaxspec.ModelDrafter(tiny.cfg, gamma=3, tree_nodes=6, branching=2), tiny.params))
+        return jaxspec.generate(tiny.params, prompts or tiny.prompts, config=tiny.cfg, tokenizer=tok, drafter=drafter,
+                                drafter_params=params, ignore_eos=False, **kw)
     return tiny.generate(prompts or tiny.prompts, kind, gamma, tokenizer=tok, ignore_eos=False, **kw)
 
 
@@ -138,7 +140,7 @@ def test_constrain_fills_forced_drafts_and_drops_forbidden_ones(tok):
 # ---------------------------------------------------------------------------- greedy: spec == plain
 
 
-@pytest.mark.parametrize("kind", core(DRAFTERS, ["ngram", "model_self"]))
+@pytest.mark.parametrize("kind", core(DRAFTERS, ["ngram", "model_self", "self_tree"]))
 def test_json_greedy_spec_equals_plain(tiny, tok, kind):
     """Greedy constrained speculative decoding is constrained plain decoding, token for token;
     the finished rows validate against the schema and the grammar changed the output."""
@@ -149,7 +151,7 @@ def test_json_greedy_spec_equals_plain(tiny, tok, kind):
     spec = _gen(tiny, tok, kind, response_format=FORMAT, max_new_tokens=40)
     assert spec.tokens == plain.tokens
     assert spec.finish_reasons == plain.finish_reasons
-    if kind in ("model_self", "grammar"):  # the drafter's q is masked too; forced drafts are accepted
+    if kind in ("model_self", "grammar", "self_tree"):  # drafts drawn / ranked under the grammar are accepted
         assert spec.metrics.tau > 1.3, spec.metrics.tau
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from jaxspec import models
+from jaxspec import grammar as grammar_lib, models
 from jaxspec.drafters.base import check_int
 from jaxspec.tree import Proposal
 
@@ -46,22 +46,43 @@ def check_tree(depth: int, n_nodes: int, branching: int) -> None:
                   f" (0 = chain; a tree of depth gamma={depth} with branching={branching} grows {grown} candidates)")
 
 
+def best_children(logits: jax.Array, k: int, allowed: jax.Array | None = None, d2t: jax.Array | None = None):
+    """``(log-probabilities, target token ids)`` ``[..., k]`` of the ``k`` most probable
+    children under ``logits [..., V']`` (a draft vocabulary mapped to target ids by ``d2t``
+    ``[V']``, or the target's), renormalised over the tokens a grammar ``allowed`` (bool
+    ``[..., V]`` in target ids, or None: all) so the tree spends no node on a token the
+    target may not take; where fewer than ``k`` are allowed the rest score -inf (invalid
+    nodes). A position that allows nothing is left unmasked (the engine emits nothing from
+    one)."""
+    if allowed is not None:
+        ok = allowed if d2t is None else allowed[..., d2t]
+        ok = ok | ~jnp.any(ok, axis=-1, keepdims=True)
+        logits = jnp.where(ok, logits, -jnp.inf)
+    lp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
+    return lp, ids if d2t is None else d2t[ids]
+
+
 def grow(expand: Callable, cache: Any, root_lp: jax.Array, root_tok: jax.Array, root_feat: Any, start: jax.Array, *,
-         depth: int, branching: int, n_nodes: int) -> tuple[Any, Proposal, jax.Array]:
+         depth: int, branching: int, n_nodes: int, grammar=None, state: jax.Array | None = None
+         ) -> tuple[Any, Proposal, jax.Array]:
     """Grow one dynamic tree per row.
 
     Args:
-      expand: ``expand(cache, tokens [B, k], feats, positions [B, k], write_at [B], mask) ->
-        (cache, child_lp [B, k, k], child_tok [B, k, k], child_feat)``: feed the frontier
-        (each node with its feature pytree ``feats`` ``[B, k, ...]``, or None) at
+      expand: ``expand(cache, tokens [B, k], feats, positions [B, k], write_at [B], mask,
+        allowed) -> (cache, child_lp [B, k, k], child_tok [B, k, k], child_feat)``: feed the
+        frontier (each node with its feature pytree ``feats`` ``[B, k, ...]``, or None) at
         ``positions`` into slots ``write_at ..`` under the ``models.TreeMask`` ``mask``, and
-        return each node's ``k`` best children (log-probabilities, target token ids) and the
-        feature its children are fed with (``[B, k, ...]``, or None).
+        return each node's ``k`` best children (log-probabilities, target token ids:
+        ``best_children`` under ``allowed``, bool ``[B, k, V]`` or None) and the feature its
+        children are fed with (``[B, k, ...]``, or None).
       cache: the drafter's cache, already holding the root entry at slot ``start``.
       root_lp, root_tok: ``[B, k]``: the root's ``k`` best children; root_feat: their
         feature pytree ``[B, k, ...]`` (or None).
       start: int32 ``[B]``.
       depth, branching (k), n_nodes (N): static; ``N <= max_nodes(depth, k)``.
+      grammar, state: the call's ``jaxspec.grammar.GrammarTables`` and each row's state after
+        its text (int32 ``[B]``), or None: each frontier node's children are ranked among the
+        tokens the state after its path allows (the root's children the caller ranks so).
 
     Returns:
       ``(cache, Proposal of N nodes with q None, node_slots int32 [B, N])``: each kept node's
@@ -80,6 +101,7 @@ def grow(expand: Callable, cache: Any, root_lp: jax.Array, root_tok: jax.Array, 
     cand_slot = [jnp.full((b, k), -1, jnp.int32)]
     front_ids = jnp.broadcast_to(jnp.arange(k), (b, k))
     front_tok, front_score, front_feat = root_tok, root_lp, root_feat
+    front_state = None if grammar is None else grammar_lib.advance(grammar, state[:, None], root_tok)
     front_seen = jnp.zeros((b, k, span), bool).at[:, :, 0].set(True)  # slots each frontier node attends to
     n_cands = k
     for level in range(1, depth):
@@ -89,8 +111,9 @@ def grow(expand: Callable, cache: Any, root_lp: jax.Array, root_tok: jax.Array, 
         cand_slot[-1] = cand_slot[-1].at[rows, front_ids - (n_cands - cand_tok[-1].shape[1])].set(slots[None])
         mask = models.TreeMask(start, front_seen, win_positions)
         positions = jnp.broadcast_to((start + level)[:, None], (b, k))
+        allowed = None if grammar is None else grammar_lib.allowed(grammar, front_state)
         cache, child_lp, child_tok, child_feat = expand(cache, front_tok, front_feat, positions, start + first_slot,
-                                                        mask)
+                                                        mask, allowed)
         score = (front_score[:, :, None] + child_lp).reshape(b, k * k)
         ids = n_cands + jnp.arange(k * k)
         cand_tok.append(child_tok.reshape(b, k * k))
@@ -101,6 +124,9 @@ def grow(expand: Callable, cache: Any, root_lp: jax.Array, root_tok: jax.Array, 
             front_score, pick = jax.lax.top_k(score, k)
             front_ids = ids[pick]
             front_tok = jnp.take_along_axis(cand_tok[-1], pick, axis=1)
+            if grammar is not None:
+                child_state = grammar_lib.advance(grammar, front_state[:, :, None], child_tok).reshape(b, k * k)
+                front_state = jnp.take_along_axis(child_state, pick, axis=1)
             parent = pick // k  # the frontier node each new frontier node hangs from
             front_seen = jnp.take_along_axis(front_seen, parent[:, :, None], axis=1)
             front_feat = jax.tree_util.tree_map(

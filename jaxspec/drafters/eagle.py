@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxspec import grammar
 from jaxspec.cache import KVCache
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import dynamic_tree
@@ -171,19 +172,16 @@ class EagleDrafter(Unsplit):
             return dataclasses.replace(state, cache=cache), proposal
         k = self.branching
 
-        def best(logits):
-            lp, ids = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
-            return lp, d2t[ids]
-
-        def expand(cache, tokens, feats, positions, write_at, mask):
+        def expand(cache, tokens, feats, positions, write_at, mask, allowed):
             out = eagle3.forward(head, cfg, embed, tokens, feats, positions, cache, write_at=write_at, mask=mask)
-            child_lp, child_tok = best(out.logits)
+            child_lp, child_tok = dynamic_tree.best_children(out.logits, k, allowed, d2t)
             return out.cache, child_lp, child_tok, out.hidden
 
-        root_lp, root_tok = best(logits)
+        g, gstate = context.grammar, context.grammar_state
+        root_lp, root_tok = dynamic_tree.best_children(logits, k, None if g is None else grammar.allowed(g, gstate), d2t)
         feats = jnp.broadcast_to(hidden[:, None], (hidden.shape[0], k, hidden.shape[-1]))
         cache, proposal, _ = dynamic_tree.grow(expand, cache, root_lp, root_tok, feats, root, depth=self.gamma,
-                                               branching=k, n_nodes=self.tree_nodes)
+                                               branching=k, n_nodes=self.tree_nodes, grammar=g, state=gstate)
         return dataclasses.replace(state, cache=cache), proposal
 
     def commit(self, params, state: EagleState, committed):

@@ -229,14 +229,16 @@ class _DraftModel:
     def _tree(self, params, cache, logits, context):
         cfg, k = self.config, self.branching
 
-        def expand(cache, tokens, feats, positions, write_at, mask):
+        def expand(cache, tokens, feats, positions, write_at, mask, allowed):
             out = models.forward(params, cfg, tokens, positions, cache, write_at=write_at, mask=mask)
-            child_lp, child_tok = jax.lax.top_k(jax.nn.log_softmax(out.logits, axis=-1), k)
+            child_lp, child_tok = dynamic_tree.best_children(out.logits, k, allowed)
             return out.cache, child_lp, child_tok, None
 
-        root_lp, root_tok = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)
+        g, state = context.grammar, context.grammar_state
+        root_lp, root_tok = dynamic_tree.best_children(logits, k, None if g is None else grammar.allowed(g, state))
         cache, proposal, slots = dynamic_tree.grow(expand, cache, root_lp, root_tok, None, context.seq_lens - 1,
-                                                   depth=self.gamma, branching=k, n_nodes=self.tree_nodes)
+                                                   depth=self.gamma, branching=k, n_nodes=self.tree_nodes,
+                                                   grammar=g, state=state)
         return DraftState(cache, slots), proposal
 
     def commit(self, params, state: DraftState, committed):
