@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import weakref
 from typing import Any, Sequence
 
@@ -266,7 +267,12 @@ def compile_pattern(pattern: str, tokenizer, source: str | None = None) -> Autom
     except Exception as e:
         if "incompatible" in str(e):  # outlines-core found a character no token can spell
             raise ValueError(f"{source} admits no token sequence of the vocabulary of {tokenizer.name}: {e}") from e
-        raise ValueError(f"{source} cannot be compiled over the vocabulary of {tokenizer.name}: {e}") from e
+        try:  # outlines-core's parse errors do not say where: Python's do, for the syntax the two share
+            re.compile(pattern)
+        except re.error as syntax:
+            raise ValueError(f"{source} is not a valid regular expression: {syntax}") from e
+        raise ValueError(f"{source} cannot be compiled over the vocabulary of {tokenizer.name} (outlines-core "
+                         f"supports no lookaround or backreference): {e}") from e
     transitions = index.get_transitions()  # {state: {token: next state}}
     first = index.get_initial_state()
     order = [first] + sorted(set(transitions) - {first})
