@@ -142,6 +142,9 @@ def main(argv=None) -> int:
     p.add_argument("--methods", default="plain,grammar_g8,ngram_g4",
                    help="plain first; grammar_gK, ngram_gK, eagle_gK (the shipped head); hf_plain, "
                         "hf_prompt_lookup_gK (transformers, same grammar)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy (tokens must equal constrained plain's); > 0: sampled, seed 0 (valid rate and tau; "
+                        "transformers methods run greedy only)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
 
@@ -151,6 +154,8 @@ def main(argv=None) -> int:
     methods = args.methods.split(",")
     if methods[0] != "plain":
         raise SystemExit("--methods must start with plain (the reference)")
+    if args.temperature > 0 and any(m.startswith("hf_") for m in methods):
+        raise SystemExit("--temperature > 0 runs jaxspec's methods only (drop the hf_ methods)")
     model = jaxspec.load(args.model, dtype=args.dtype)
     hf = None
     if any(m.startswith("hf_") for m in methods):
@@ -179,7 +184,7 @@ def main(argv=None) -> int:
                 drafter, drafter_params = drafters[method]
                 return jaxspec.generate(model, instruction(schema, passage), chat=True, response_format=fmt,
                                         drafter=drafter, drafter_params=drafter_params,
-                                        max_new_tokens=args.max_new_tokens)
+                                        max_new_tokens=args.max_new_tokens, temperature=args.temperature)
             out = run()
             if out.metrics.compile_s > 0:  # the first call of a program compiles: time a second one
                 out = run()
@@ -212,10 +217,12 @@ def main(argv=None) -> int:
               f"{s['tok_s_median']:.1f} tok/s, tau {s['tau_median'] or 0:.2f}, valid {s['valid']}/{s['finished']} "
               f"finished of {s['prompts']}, tokens as plain {s['same_tokens']}/{s['prompts']}")
     record = {"benchmark": "structured_output", "model": args.model, "dtype": args.dtype,
+              "temperature": args.temperature,
               "max_new_tokens": args.max_new_tokens, "methods": methods, "summary": summary, "rows": rows,
               "machine": machine_info(), "versions": versions(), "command": command(argv),
               "elapsed_s": time.time() - t_start}
-    path = args.out or result_stem("structured_output", f"{args.model}-{args.dtype}") + ".json"
+    variant = f"{args.model}-{args.dtype}" + (f"-t{args.temperature:g}" if args.temperature else "")
+    path = args.out or result_stem("structured_output", variant) + ".json"
     write_record(record, path)
     return 0
 
