@@ -367,11 +367,8 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
     is_stop = (sp.is_stop(new) | string_stop) & in_block
     g, grammar_state, spelling = inputs.grammar, s.grammar_state, s.spelling
     if g is not None:  # a token after which the row's automaton allows nothing ends the row
-        states = [s.grammar_state]
-        for j in range(emit):
-            states.append(grammar.advance(g, states[-1], new[:, j]))
-        states = jnp.stack(states[1:], axis=1)  # [B, emit]: the state after each token
-        is_stop = is_stop | (~grammar.is_live(g, states) & in_block)
+        states = grammar.chain_states(g, s.grammar_state, new)  # [B, emit + 1]: before token 0, after each
+        is_stop = is_stop | (~grammar.is_live(g, states[:, 1:]) & in_block)
     first_stop = jnp.where(jnp.any(is_stop, axis=1), jnp.argmax(is_stop, axis=1), emit)
     room = inputs.max_new_tokens - (s.seq_lens - inputs.prompt_lens)
     active = ~s.done
@@ -380,11 +377,9 @@ def _commit(drafter, drafter_params, drafter_state, inputs: Inputs, gamma: int, 
     seq_lens = s.seq_lens + n_keep
     done = s.done | (first_stop < n_keep) | (n_keep >= room)
     if g is not None:
-        kept_state = jnp.take_along_axis(states, jnp.maximum(n_keep - 1, 0)[:, None], axis=1)[:, 0]
-        grammar_state = jnp.where(n_keep > 0, kept_state, s.grammar_state)
+        grammar_state = jnp.take_along_axis(states, n_keep[:, None], axis=1)[:, 0]  # after the kept tokens
         for j in range(emit):  # the state before each kept token, and how the target spelled it
-            before = s.grammar_state if j == 0 else states[:, j - 1]
-            spelling = grammar.remember(g, spelling, before, new[:, j], j < n_keep)
+            spelling = grammar.remember(g, spelling, states[:, j], new[:, j], j < n_keep)
     kept_tail = jnp.take_along_axis(tails, jnp.maximum(n_keep - 1, 0)[:, None, None], axis=1)[:, 0]
     counted = active.astype(jnp.int32)
     # Drafts that verification accepted but a stop or max_new_tokens then cut off were never

@@ -138,9 +138,10 @@ def constrain(tables: GrammarTables, state: jax.Array, proposal, spelling: jax.A
     """
     b, n = proposal.tokens.shape
     rows = jnp.arange(b)
-    states, tokens, valid = [state], [], []
+    states = jnp.full((b, n + 1), -1, jnp.int32).at[:, 0].set(state)  # window order: the root, then the nodes
+    tokens, valid = [], []
     for i in range(n):  # parents come before their children
-        parent = jnp.stack(states, axis=1)[rows, jnp.clip(proposal.parents[:, i] + 1, 0, i)]
+        parent = states[rows, jnp.clip(proposal.parents[:, i] + 1, 0, i)]
         forced = jnp.where(parent >= 0, tables.forced[jnp.maximum(parent, 0)], -1)
         if spelling is not None:
             slot = jnp.where(parent >= 0, tables.spelled[jnp.maximum(parent, 0)], -1)
@@ -151,7 +152,7 @@ def constrain(tables: GrammarTables, state: jax.Array, proposal, spelling: jax.A
         token = jnp.where(own | (forced < 0), proposal.tokens[:, i], forced)
         after = advance(tables, parent, token)
         ok = (own | (forced >= 0)) & (after >= 0)
-        states.append(jnp.where(ok, after, -1))
+        states = states.at[:, i + 1].set(jnp.where(ok, after, -1))
         tokens.append(token)
         valid.append(ok)
     return dataclasses.replace(proposal, tokens=jnp.stack(tokens, axis=1).astype(jnp.int32),
@@ -163,10 +164,19 @@ def window_states(tables: GrammarTables, state: jax.Array, tree) -> jax.Array:
     (``jaxspec.tree.Tree``), the root's being ``state`` int32 ``[B]`` (the row's state after
     its committed text); -1 under a node whose token its parent's state does not allow."""
     rows = jnp.arange(state.shape[0])
-    states = [state]
+    states = jnp.full(tree.tokens.shape, -1, jnp.int32).at[:, 0].set(state)
     for i in range(1, tree.width):  # parents come before their children
-        parent = jnp.stack(states, axis=1)[rows, jnp.clip(tree.parent[:, i], 0, i - 1)]
-        states.append(advance(tables, parent, tree.tokens[:, i]))
+        parent = states[rows, jnp.clip(tree.parent[:, i], 0, i - 1)]
+        states = states.at[:, i].set(advance(tables, parent, tree.tokens[:, i]))
+    return states
+
+
+def chain_states(tables: GrammarTables, state: jax.Array, tokens: jax.Array) -> jax.Array:
+    """int32 ``[B, T + 1]``: ``state`` int32 ``[B]``, then the state after each of ``tokens``
+    int32 ``[B, T]`` in turn (a chain: what a step emits)."""
+    states = [state]
+    for j in range(tokens.shape[1]):
+        states.append(advance(tables, states[-1], tokens[:, j]))
     return jnp.stack(states, axis=1)
 
 
