@@ -40,6 +40,12 @@ class Metrics:
         i + 1.
       gamma: draft window; compile_s: compile time of this call (0 when cached);
       run_s: time of the compiled program including the one transfer of its results.
+      compiled: True when this call compiled a program: its ``Program`` (drafter, buckets,
+        settings that are static) or its inputs' shapes and dtypes were new. New params of
+        the same shapes and dtypes (a training step) reuse the compiled program, so a
+        training loop can assert ``not compiled`` after its first call.
+      host_s: host time of the call outside the compiled program and the compile: checks,
+        tokenization, the request's arrays, the CPU layout of new params, the result.
       synthetic: True when drafts were accepted at random (``jaxspec.synthetic``): tau and
         acceptance rates are then the chosen ones, not the drafter's, and the tokens are not
         the model's output. synthetic_rates: the conditional rates per position, or ().
@@ -60,6 +66,8 @@ class Metrics:
     gamma: int
     compile_s: float
     run_s: float
+    compiled: bool = False
+    host_s: float = 0.0
     synthetic: bool = False
     synthetic_rates: tuple[float, ...] = ()
     speculation: str | None = None
@@ -125,7 +133,9 @@ class Metrics:
             "acceptance_rate_per_position": [float(x) for x in self.acceptance_rate_per_position],
             "tau": _nan_none(self.tau),
             "compile_s": self.compile_s,
+            "compiled": self.compiled,
             "run_s": self.run_s,
+            "host_s": self.host_s,
             "tokens_per_s": _nan_none(self.tokens_per_s),
             "synthetic": self.synthetic,
             "synthetic_acceptance_rates": list(self.synthetic_rates) if self.synthetic else None,
