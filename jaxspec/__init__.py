@@ -18,10 +18,11 @@ from jaxspec.api import Model, default_dtype, generate, load
 from jaxspec.checkpoints.heads import load_eagle_head, load_medusa_heads, shipped_head
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, GrammarDrafter, LookaheadDrafter, MedusaDrafter, ModelDrafter,
-                              NGramDrafter, RepeatDrafter)
+from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, GrammarDrafter, HistoryDrafter, LookaheadDrafter, MedusaDrafter,
+                              ModelDrafter, NGramDrafter, RepeatDrafter)
 from jaxspec.metrics import Metrics
 from jaxspec.result import GenerationResult
+from jaxspec.rollouts import RolloutHistory
 from jaxspec.sharding import make_mesh, shard_params
 from jaxspec.synthetic import SyntheticAcceptance
 
@@ -30,6 +31,7 @@ __all__ = [
     "EarlyExitDrafter",
     "GenerationResult",
     "GrammarDrafter",
+    "HistoryDrafter",
     "LookaheadDrafter",
     "MedusaDrafter",
     "Metrics",
@@ -39,6 +41,7 @@ __all__ = [
     "ModelDrafter",
     "NGramDrafter",
     "RepeatDrafter",
+    "RolloutHistory",
     "SamplingConfig",
     "SyntheticAcceptance",
     "default_dtype",

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import acceptance, engine, policy, request, result, synthetic
+from jaxspec import acceptance, engine, policy, request, result, rollouts, synthetic
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import INT32_MAX, ModelConfig, SamplingConfig, check_bool, default_dtype
 from jaxspec.kernels import cpu_matmul
@@ -196,6 +196,8 @@ class Setup:
       speculation: why the batch policy decoded plainly, or None (``policy.decide``).
       gate_tau: the acceptance gate's threshold, or None (``policy.gate``).
       synthetic: the ``SyntheticAcceptance`` of a benchmark call, or None.
+      history_misses: rows whose prompt had no earlier rollout in a ``RolloutHistory`` given
+        as ``drafter_params`` (``rollouts.RolloutHistory.rows``), or None without one.
     """
 
     program: Program
@@ -205,6 +207,7 @@ class Setup:
     speculation: str | None
     gate_tau: float | None
     synthetic: synthetic.SyntheticAcceptance | None
+    history_misses: int | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -356,6 +359,9 @@ def _check(model, sampling, settings: dict, config, tokenizer, drafter, drafter_
     synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
     if getattr(drafter, "kind", None) == "grammar" and sc.regex is None and sc.response_format is None:
         raise ValueError("GrammarDrafter drafts the tokens a grammar forces: give regex= or response_format=")
+    if isinstance(drafter_params, rollouts.RolloutHistory) and getattr(drafter, "kind", None) != "history":
+        raise ValueError("a jaxspec.RolloutHistory is the drafter_params of a jaxspec.HistoryDrafter, got the drafter "
+                         f"{type(drafter).__name__}")
     if synthetic_acceptance is not None and (sc.regex is not None or sc.response_format is not None):
         raise ValueError("regex= and response_format= cannot run with synthetic_acceptance, which emits the "
                          "drafter's tokens unverified")
@@ -375,10 +381,14 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
         drafter = drafter_params = gate_tau = None
     if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
         gate_tau = None
+    misses = None
     plan = None
     if mesh is not None:
         from jaxspec import sharding
 
+        if isinstance(drafter_params, rollouts.RolloutHistory):
+            raise ValueError("a RolloutHistory runs without mesh= (its rows are not placed over the data axis yet): "
+                             "run HistoryDrafter under a mesh with drafter_params=None (siblings only)")
         if not isinstance(call.config, ModelConfig):
             raise ValueError(f"mesh= splits jaxspec's decoder over devices; the target {call.config.name!r} is a "
                              "model of its own (jaxspec.models.TargetModel): run it without a mesh")
@@ -388,12 +398,14 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
     if plan is None and drafter is not None:
         drafter_params = drafter.select_params(params, layout.for_run(drafter_params, getattr(drafter, "config", None)))
     shapes = request.buckets(req, engine.window(drafter, call.min_pass_tokens), 1 if plan is None else plan.data)
+    if isinstance(drafter_params, rollouts.RolloutHistory):  # the one drafter input that depends on the rows
+        drafter_params, misses = drafter_params.rows(req.rows, shapes.batch)
     sc = call.sampling
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     rule = acceptance.EXACT if synthetic_acceptance is None else synthetic.SYNTHETIC
     program = Program(call.config, drafter, shapes.cache_len, lp_spec, plan, call.min_pass_tokens, rule,
                       cpu_matmul.active_parts())
-    return Setup(program, shapes, params, drafter_params, speculation, gate_tau, synthetic_acceptance)
+    return Setup(program, shapes, params, drafter_params, speculation, gate_tau, synthetic_acceptance, misses)
 
 
 def _inputs(call: Call, req: request.Request, setup: Setup):
@@ -541,6 +553,9 @@ def generate(
     out, compile_s, run_s = _run(setup.program, params, drafter_params, inputs)
     res = result.make(out.rows(len(req.rows)), req, setup.program.gamma, call.tokenizer, compile_s or 0.0, run_s,
                       synthetic_acceptance, setup.speculation, setup.gate_tau)
+    history = call.drafter_params.add(req.rows, res.tokens) if isinstance(call.drafter_params,
+                                                                          rollouts.RolloutHistory) else None
     host_s = time.perf_counter() - t_call - (compile_s or 0.0) - run_s
-    return dataclasses.replace(res, metrics=dataclasses.replace(res.metrics, compiled=compile_s is not None,
-                                                                host_s=host_s))
+    metrics = dataclasses.replace(res.metrics, compiled=compile_s is not None, host_s=host_s,
+                                  history_misses=setup.history_misses)
+    return dataclasses.replace(res, metrics=metrics, history=history)

@@ -46,6 +46,8 @@ class Metrics:
         training loop can assert ``not compiled`` after its first call.
       host_s: host time of the call outside the compiled program and the compile: checks,
         tokenization, the request's arrays, the CPU layout of new params, the result.
+      history_misses: with a ``jaxspec.RolloutHistory`` as ``drafter_params``, the rows whose
+        prompt had no earlier rollout (they draft from their own text and siblings); else None.
       synthetic: True when drafts were accepted at random (``jaxspec.synthetic``): tau and
         acceptance rates are then the chosen ones, not the drafter's, and the tokens are not
         the model's output. synthetic_rates: the conditional rates per position, or ().
@@ -68,6 +70,7 @@ class Metrics:
     run_s: float
     compiled: bool = False
     host_s: float = 0.0
+    history_misses: int | None = None
     synthetic: bool = False
     synthetic_rates: tuple[float, ...] = ()
     speculation: str | None = None
@@ -136,6 +139,7 @@ class Metrics:
             "compiled": self.compiled,
             "run_s": self.run_s,
             "host_s": self.host_s,
+            "history_misses": self.history_misses,
             "tokens_per_s": _nan_none(self.tokens_per_s),
             "synthetic": self.synthetic,
             "synthetic_acceptance_rates": list(self.synthetic_rates) if self.synthetic else None,

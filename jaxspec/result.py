@@ -33,6 +33,8 @@ class GenerationResult:
       metrics: ``Metrics`` of the call.
       synthetic: True when the call ran with synthetic acceptance (``jaxspec.synthetic``):
         the tokens and texts are then NOT the model's output, only its speed is meaningful.
+      history: with a ``jaxspec.RolloutHistory`` as ``drafter_params``, that history with this
+        call's rollouts added (``RolloutHistory.add``); else None.
     """
 
     tokens: list[list[int]]
@@ -43,6 +45,7 @@ class GenerationResult:
     logprobs: list[list[float]] | None = None
     top_logprobs: list[list[list[tuple[int, float]]]] | None = None
     synthetic: bool = False
+    history: Any = None
 
     @property
     def text(self) -> str:

@@ -153,8 +153,8 @@ def no_load(monkeypatch):
      (["--drafter", "ngram", "--draft-confidence", "0"], "--draft-confidence applies to --drafter early-exit, model "
                                                          "or eagle, not --drafter ngram"),
      (["--drafter", "ngram", "--branching", "4"], "--branching applies to"),
-     (["--drafter", "medusa", "--tree-nodes", "8"], "--tree-nodes applies to --drafter ngram, early-exit, model or "
-                                                    "eagle, not --drafter medusa .its tree is --medusa-topk"),
+     (["--drafter", "medusa", "--tree-nodes", "8"], "--tree-nodes applies to --drafter ngram, early-exit, model, "
+                                                    "eagle or history, not --drafter medusa .its tree is --medusa-topk"),
      (["--drafter", "medusa", "--gamma", "2", "--medusa-topk", "1,1,1,1"],
       "--gamma 2 and --medusa-topk 1,1,1,1 disagree: medusa drafts as deep as --medusa-topk has entries"),
      (["--drafter", "eagle", "--short-gamma", "2", "--ngram-max", "5", "--long-match", "3"],

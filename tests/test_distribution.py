@@ -63,6 +63,7 @@ import jaxspec.api
 import jaxspec.sampling
 from jaxspec import acceptance, engine, policy
 from jaxspec.cache import KVCache
+from jaxspec.drafters.history import HistoryDrafter, HistoryRows
 from jaxspec import models as decoder
 from jaxspec.models import eagle3
 from jaxspec.sampling import History, SamplingParams, processed_probs, sample
@@ -332,7 +333,16 @@ def _drafter(kind: str, gamma: int, models):
         return d, d.select_params(models["target"], models["eagle"])
     if kind == "sampled_siblings":  # SpecInfer: siblings drawn i.i.d. from q, each carrying q
         return SampledSiblings(DRAFT, gamma=1, tree_nodes=0, confidence=0.0), models["draft"]
+    if kind in ("history", "history_peeking"):  # own text, 3 sibling rows (every row has PROMPT), earlier rollouts
+        cls = PeekingHistory if kind == "history_peeking" else HistoryDrafter
+        return cls(gamma=gamma, tree_nodes=7, max_n=2, min_n=1, siblings=3), EARLIER
     raise ValueError(kind)
+
+
+# Two earlier rollouts of PROMPT for the history drafter (its last two tokens, then an output),
+# one row's worth: ``_sample_counts`` gives every row the same.
+EARLIER = HistoryRows(tokens=jnp.array([[[1, 2, 3, 1, 4, 0], [1, 2, 5, 5, 2, 6]]], jnp.int32),
+                      lens=jnp.array([[5, 6]], jnp.int32), starts=jnp.array([[2, 2]], jnp.int32))
 
 
 class SampledSiblings(jaxspec.ModelDrafter):
@@ -365,6 +375,8 @@ def _sample_counts(models, inputs_factory, kind, gamma, settings, seed, n=N, fre
     """Counts ``[V ** 3]`` of the continuations of ``n`` rows, and the fractions of rows that
     accepted at least one draft and that rejected at least one."""
     drafter, dparams = _drafter(kind, gamma, models)
+    if isinstance(dparams, HistoryRows):  # one row's earlier rollouts, for every row
+        dparams = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (n, *x.shape[1:])), dparams)
     inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, seed=seed, vocab_size=V, **settings)
     state = jax.device_get(_program(drafter, fresh)(models["target"], dparams, inputs))
     lp = len(PROMPT)
@@ -474,13 +486,16 @@ CASES += [("eagle", 4, "penalties")]
 # A chain that stops where the draft's cumulative probability falls below 0.3 (its length is
 # the drafter's choice, never the target's: still exact).
 CASES += [("model_confident", 4, "T=1"), ("model_confident", 4, "penalties")]
+# The rollout-history drafter: its drafts come from sibling rows, themselves random (and from
+# earlier rollouts): a chain-deep tree at T = 1 (the RL setting) and with penalties.
+CASES += [("history", 3, "T=1"), ("history", 2, "penalties"), ("history", 3, "T=0.7")]
 
 
 # CI: every drafter kind once, every setting at least once, both gammas of the chains.
 CI_CASES = [("model", 4, "T=1"), ("model", 1, "penalties"), ("ngram", 4, "T=1.5"), ("ngram", 1, "min_p=0.1"),
             ("early_exit", 4, "top_k=3"), ("early_exit", 1, "top_p=0.8"), ("ngram_tree", 2, "T=1"),
             ("model_tree", 2, "penalties"), ("early_exit_tree", 2, "top_p=0.8"), ("sampled_siblings", 1, "T=0.7"),
-            ("eagle", 4, "penalties")]
+            ("eagle", 4, "penalties"), ("history", 3, "T=1")]
 
 
 @pytest.mark.parametrize("kind,gamma,name", core(CASES, CI_CASES))
@@ -713,6 +728,44 @@ def test_tree_penalties_over_the_whole_window_are_detected(models, inputs_factor
     p_value, info = _check(counts, _exact_probs(SETTINGS["penalties"]), "tree penalties over the whole window",
                            max_tv=None)
     assert p_value < ALPHA, f"the harness did not detect window-wide tree penalties: {info}"
+
+
+class PeekingHistory(HistoryDrafter):
+    """WRONG: the history drafter that drafts only when the row's first acceptance uniform is
+    below 1/2, and abstains otherwise: a draft chosen after looking at the row's own
+    acceptance draws. It reads them from its step keys, which ``_keys_shared_with_acceptance``
+    makes the acceptance's keys (``jax.random.uniform``'s first value does not depend on how
+    many are drawn, so it is the first node's uniform at any window width)."""
+
+    def propose(self, params, state, context):
+        from jaxspec.sampling import fold_rows
+
+        state, proposal = super().propose(params, state, context)
+        u0 = jax.vmap(lambda k: jax.random.uniform(k, (1,))[0])(fold_rows(context.keys, 0))
+        return state, dataclasses.replace(proposal, valid=proposal.valid & (u0 < 0.5)[:, None])
+
+
+def _keys_shared_with_acceptance(fold):
+    """``engine.fold_rows`` with index 1 (the acceptance's keys of a step) folded as index 0
+    (the drafter's keys): exact still for a drafter that ignores its keys, as HistoryDrafter."""
+    return lambda keys, i: fold(keys, 0 if isinstance(i, int) and i == 1 else i)
+
+
+def test_history_drafter_that_peeks_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches):
+    """The history drafter's exactness rests on drafts that do not depend on the row's own
+    acceptance draws (siblings and earlier rollouts are random, but drawn before the step, with
+    other keys). One that looks at them is rejected by the same test; the honest drafter under
+    the same shared keys passes it."""
+    monkeypatch.setattr(engine, "fold_rows", _keys_shared_with_acceptance(engine.fold_rows))
+    exact = _exact_probs(SETTINGS["T=1"])
+    honest, _ = _sample_counts(models, inputs_factory, "history", 3, SETTINGS["T=1"], seed=SEED_STRIDE * 25,
+                               n=N_DETECT, fresh=True)
+    p_value, info = _check(honest, exact, "history drafter, shared keys", max_tv=None)
+    assert p_value > ALPHA, info
+    peeked, _ = _sample_counts(models, inputs_factory, "history_peeking", 3, SETTINGS["T=1"], seed=SEED_STRIDE * 26,
+                               n=N_DETECT, fresh=True)
+    p_value, info = _check(peeked, exact, "history drafter peeking at its acceptance draws", max_tv=None)
+    assert p_value < ALPHA, f"the harness did not detect drafts chosen from the acceptance draws: {info}"
 
 
 def test_acceptance_gate_keeps_the_distribution(models, inputs_factory, monkeypatch):

@@ -11,10 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import jaxspec
 from jaxspec import models
 from jaxspec.cache import KVCache
+from jaxspec.drafters.history import find_siblings, frequency_tree
 
 PROMPT = [5, 6, 7, 8, 5, 6]
 GROUP = 4  # samples per prompt
@@ -67,3 +69,84 @@ def test_new_dtype_compiles_and_says_so(tiny):
     res = jaxspec.generate(half, [PROMPT], **kw)
     assert res.metrics.compiled and res.metrics.compile_s > 0
     assert np.isfinite(res.metrics.host_s) and res.metrics.host_s >= 0
+
+
+# ---------------------------------------------------------------------------- the rollout-history drafter
+
+PROMPTS = [[5, 6, 7, 8, 5, 6], [9, 10, 11], [5, 6, 7, 8, 5, 6]]  # rows 0 and 2 share their prompt
+
+
+def test_find_siblings_groups_equal_prompts():
+    """Rows with equal prompts (and lengths) are siblings, the lowest rows first; a prompt that
+    is a prefix of another's, or padded alike but shorter, is not."""
+    prompt = jnp.array([[1, 2, 0], [3, 0, 0], [1, 2, 0], [1, 2, 0], [3, 0, 0], [1, 2, 3], [1, 2, 0]])
+    lens = jnp.array([2, 1, 2, 2, 1, 3, 3])  # row 6: "1 2 0", three tokens
+    np.testing.assert_array_equal(find_siblings(prompt, lens, 2),
+                                  [[2, 3], [4, -1], [0, 3], [0, 2], [1, -1], [-1, -1], [-1, -1]])
+    assert find_siblings(prompt[:1], lens[:1], 4).shape == (1, 0)
+
+
+def test_frequency_tree_ranks_shared_prefixes():
+    """Nodes are prefixes ranked by how many continuations share them, ties to the shallower;
+    parents come first; a token past a continuation's end is no node."""
+    conts = jnp.array([[1, 2, 3], [1, 2, 4], [1, 5, 6], [7, 8, 9]])
+    ok = jnp.array([[True] * 3, [True] * 3, [True] * 3, [True, False, False]])
+    tokens, parents, valid = map(np.asarray, frequency_tree(conts, ok, 8))
+    # "1" x3, "1 2" x2, then count 1 by depth: "7", "1 5", "1 2 3", "1 2 4", "1 5 6"; "7 8" is past the end
+    np.testing.assert_array_equal(tokens[:7], [1, 2, 7, 5, 3, 4, 6])
+    np.testing.assert_array_equal(parents[:7], [-1, 0, -1, 0, 1, 1, 3])
+    np.testing.assert_array_equal(valid, [True] * 7 + [False])
+
+
+def _history(tiny, capacity=8):
+    return jaxspec.RolloutHistory(vocab_size=tiny.cfg.vocab_size, capacity=capacity, max_tokens=64)
+
+
+def test_history_drafter_greedy_is_plain(tiny):
+    """Greedy speculative output with siblings, with and without earlier rollouts, equals plain
+    decoding's token for token; the history's drafts are accepted more."""
+    kw = dict(config=tiny.cfg, max_new_tokens=24, ignore_eos=True, n=2)
+    plain = jaxspec.generate(tiny.params, PROMPTS, **kw).tokens
+    drafter = jaxspec.HistoryDrafter(gamma=4, tree_nodes=8, min_n=1)
+    own = jaxspec.generate(tiny.params, PROMPTS, drafter=drafter, **kw)
+    assert own.tokens == plain and own.history is None and own.metrics.history_misses is None
+    sampled = jaxspec.generate(tiny.params, PROMPTS, drafter=drafter, drafter_params=_history(tiny),
+                               temperature=1.0, seed=3, **kw)
+    assert sampled.metrics.history_misses == 6  # no prompt had a rollout yet
+    again = jaxspec.generate(tiny.params, PROMPTS, drafter=drafter, drafter_params=sampled.history, **kw)
+    assert again.tokens == plain and again.metrics.history_misses == 0
+    learned = jaxspec.generate(tiny.params, PROMPTS, drafter=drafter, drafter_params=again.history, **kw)
+    assert learned.tokens == plain and not learned.metrics.compiled  # new history values: same program
+    assert learned.metrics.tau > own.metrics.tau  # its own greedy rollouts are in the history now
+
+
+def test_history_keeps_the_newest_per_prompt(tiny):
+    """``add`` keeps ``capacity`` rollouts per prompt, newest first, each after its prompt's tail."""
+    h = _history(tiny, capacity=3)
+    h = h.add([[1, 2], [1, 2], [3]], [[10], [11], [12]])
+    h = h.add([[1, 2], [1, 2]], [[13], [14]])
+    assert h.rollouts([1, 2]) == [[14], [13], [11]] and h.rollouts([3]) == [[12]] and len(h) == 4
+    rows, misses = h.rows([[1, 2], [4], [3]], batch=4)
+    assert misses == 1 and rows.tokens.shape == (4, 3, 64)
+    np.testing.assert_array_equal(rows.lens[:, 0], [3, 0, 2, 0])  # prompt tail + 1 output token
+    np.testing.assert_array_equal(rows.tokens[0, 0, :3], [1, 2, 14])
+    assert rows.starts[0, 0] == 2
+
+
+def test_history_bad_input(tiny):
+    """Errors before compile: a history of another vocabulary, a history with another drafter,
+    more rollouts of one prompt than the capacity, capacities out of range."""
+    kw = dict(config=tiny.cfg, max_new_tokens=4)
+    other = jaxspec.RolloutHistory(vocab_size=100)
+    with pytest.raises(ValueError, match="vocabulary of 100 tokens"):
+        jaxspec.generate(tiny.params, PROMPTS, drafter=jaxspec.HistoryDrafter(), drafter_params=other, **kw)
+    with pytest.raises(ValueError, match="drafter_params of a jaxspec.HistoryDrafter"):
+        jaxspec.generate(tiny.params, PROMPTS, drafter=jaxspec.NGramDrafter(), drafter_params=_history(tiny), **kw)
+    with pytest.raises(ValueError, match="capacity=2 per prompt"):
+        _history(tiny, capacity=2).add([[1]] * 3, [[2]] * 3)
+    with pytest.raises(ValueError, match="capacity must be an integer in"):
+        jaxspec.RolloutHistory(vocab_size=64, capacity=0)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        _history(tiny).add([[1]], [[64]])
+    with pytest.raises(ValueError, match="tree_nodes must be an integer in"):
+        jaxspec.HistoryDrafter(gamma=6, tree_nodes=4)

@@ -60,6 +60,9 @@ def _drafter_before_load(args):
         base.check_int("tree_nodes", args.tree_nodes, 0)
         if d in ("repeat", "grammar"):
             return kinds.build(d, gamma=args.gamma)[0]
+        if d == "history":  # siblings (--n) and its own text; --tree-nodes 0: the drafter's default budget
+            nodes = args.tree_nodes or max(args.gamma, kinds.default("history", "tree_nodes"))
+            return kinds.build("history", gamma=args.gamma, tree_nodes=nodes)[0]
         if d == "ngram":
             if args.tree_nodes % args.gamma:
                 raise SystemExit(f"error: --tree-nodes for ngram must be a multiple of --gamma ({args.gamma}): each "
@@ -94,7 +97,7 @@ def _make_drafter(args, model, load):
     ``load(name)`` loads a draft model."""
     drafter = _drafter_before_load(args)
     try:
-        if args.drafter in ("none", "lookahead", "repeat", "ngram", "grammar"):
+        if args.drafter in ("none", "lookahead", "repeat", "ngram", "grammar", "history"):
             return drafter, None
         if args.drafter == "early-exit":
             return kinds.build("early-exit", model, n_layers=args.early_exit_layers, **_tree(args))

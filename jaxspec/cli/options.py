@@ -52,8 +52,8 @@ _CHAIN_OR_TREE = ("early-exit", "model", "eagle")
 DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {
     "draft_model": ("model",), "shard_drafter": ("model",), "eagle_head": ("eagle",),
     "medusa_heads": ("medusa",), "medusa_topk": ("medusa",),
-    "gamma": ("ngram", *_CHAIN_OR_TREE, "medusa", "repeat", "grammar"),
-    "tree_nodes": ("ngram", *_CHAIN_OR_TREE), "branching": _CHAIN_OR_TREE, "draft_confidence": _CHAIN_OR_TREE,
+    "gamma": ("ngram", *_CHAIN_OR_TREE, "medusa", "repeat", "grammar", "history"),
+    "tree_nodes": ("ngram", *_CHAIN_OR_TREE, "history"), "branching": _CHAIN_OR_TREE, "draft_confidence": _CHAIN_OR_TREE,
     "early_exit_layers": ("early-exit",),
     **dict.fromkeys(("ngram_max", "ngram_min", "ngram_branch_min", "short_gamma", "long_match"), ("ngram",)),
     **dict.fromkeys(("window", "ngram", "guesses", "pool_size"), ("lookahead",)),

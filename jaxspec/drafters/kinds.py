@@ -22,7 +22,8 @@ Kinds, their drafter, and what ``target`` must be:
 
 - ``ngram`` (``NGramDrafter``), ``repeat`` (``RepeatDrafter``), ``lookahead``
   (``LookaheadDrafter``), ``grammar`` (``GrammarDrafter``: a call with ``regex=`` or
-  ``response_format=``): not read (None);
+  ``response_format=``), ``history`` (``HistoryDrafter``: siblings; earlier rollouts through
+  ``generate``'s ``drafter_params``): not read (None);
 - ``model`` (``ModelDrafter``): not read; the option ``draft`` is the draft ``Model`` (or its
   ``ModelConfig``);
 - ``early-exit`` (``EarlyExitDrafter``): the target ``Model`` or its ``ModelConfig``;
@@ -38,6 +39,7 @@ from typing import Any
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.eagle import EagleDrafter
 from jaxspec.drafters.grammar_only import GrammarDrafter
+from jaxspec.drafters.history import HistoryDrafter
 from jaxspec.drafters.lookahead import LookaheadDrafter
 from jaxspec.drafters.medusa import MedusaDrafter
 from jaxspec.drafters.model import EarlyExitDrafter, ModelDrafter
@@ -45,7 +47,8 @@ from jaxspec.drafters.ngram import NGramDrafter
 from jaxspec.drafters.repeat import RepeatDrafter
 
 CLASSES = {"ngram": NGramDrafter, "early-exit": EarlyExitDrafter, "model": ModelDrafter, "eagle": EagleDrafter,
-           "medusa": MedusaDrafter, "lookahead": LookaheadDrafter, "repeat": RepeatDrafter, "grammar": GrammarDrafter}
+           "medusa": MedusaDrafter, "lookahead": LookaheadDrafter, "repeat": RepeatDrafter, "grammar": GrammarDrafter,
+           "history": HistoryDrafter}
 KINDS = tuple(CLASSES)  # the command line's --drafter choices, in its order (besides "none")
 
 
@@ -71,6 +74,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "lookahead": _field_defaults(LookaheadDrafter),
     "repeat": _field_defaults(RepeatDrafter),
     "grammar": _field_defaults(GrammarDrafter),
+    "history": _field_defaults(HistoryDrafter),
 }
 REQUIRED = {"model": "draft", "eagle": "head", "medusa": "heads"}
 
@@ -120,7 +124,7 @@ def build(kind: str, target=None, **options) -> tuple[Any, Any]:
       FileNotFoundError: a head directory that does not exist.
     """
     o = options_of(kind, options)
-    if kind in ("ngram", "repeat", "lookahead", "grammar"):
+    if kind in ("ngram", "repeat", "lookahead", "grammar", "history"):
         return CLASSES[kind](**o), None
     if kind == "model":
         draft = o.pop("draft")
