@@ -76,9 +76,13 @@ import jax
 # (benchmarks/results/batch_sweep_smollm2-135m-heads_cpu_2026-12-03.json). Neither pays at any batch
 # on this CPU; batch 1 stays speculative (a drafter the caller chose, where it comes closest and
 # where EAGLE pays on some categories), batches above it decode plainly.
+# cpu, history (HistoryDrafter): Qwen2.5-Coder-0.5B, 2 arithmetic problems x 4 samples at temperature
+# 1, 64 new tokens, the second epoch (the history holding the first): 1.58x at batch 1 (tau 2.53),
+# 1.11x at 2 (tau 2.61), 0.67x at 4 (tau 2.31); the first epoch: 1.17x, 0.92x, 0.66x
+# (benchmarks/results/rollouts_qwen2.5-coder-0.5b-float32-g4-rows{1,2,4}_cpu_2026-12-07.json).
 # A limit is never below 1: "auto" disables only what a larger batch costs.
 MEASURED: dict[tuple[str, str], int] = {("cpu", "ngram"): 1, ("cpu", "model"): 1, ("cpu", "eagle"): 1,
-                                        ("cpu", "medusa"): 1}
+                                        ("cpu", "medusa"): 1, ("cpu", "history"): 2}
 
 
 # Verify steps a row's tau is averaged over before (and while) the gate may turn it off.

@@ -49,6 +49,12 @@ RESULTS = {
                                   "structured_output"),
     "structured_output_gemma3": ("benchmarks/results/structured_output_gemma3-270m-float32_cpu_2026-12-07.json",
                                  "structured_output"),
+    "rollouts_qwen05_rows1": ("benchmarks/results/rollouts_qwen2.5-coder-0.5b-float32-g4-rows1_cpu_2026-12-07.json",
+                              "rollouts"),
+    "rollouts_qwen05_rows2": ("benchmarks/results/rollouts_qwen2.5-coder-0.5b-float32-g4-rows2_cpu_2026-12-07.json",
+                              "rollouts"),
+    "rollouts_qwen05_rows4": ("benchmarks/results/rollouts_qwen2.5-coder-0.5b-float32-g4-rows4_cpu_2026-12-07.json",
+                              "rollouts"),
     "accelerator_h200_8b": ("benchmarks/results/accelerator_llama-3.1-8b_nvidia-h200_2026-12-04.json", "accelerator"),
     "accelerator_h200_1b": ("benchmarks/results/accelerator_llama-3.2-1b_nvidia-h200_2026-12-04.json", "accelerator"),
 }
@@ -236,7 +242,21 @@ def structured_output(path: str, d: dict) -> str:
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
 
 
-KINDS = {"structured_output": structured_output, "pass_profile": pass_profile, "exact_logprobs": exact_logprobs, "pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
+def rollouts(path: str, d: dict) -> str:
+    md = ["| epoch | method | tau | target passes / plain's | makespan / plain's | speedup vs plain (run s) |",
+          "|---|---|---|---|---|---|"]
+    for e, per in enumerate(d["per_epoch"]):
+        for name in d["methods"][1:]:
+            x = per[name]
+            md.append(f"| {e} | `{name}` | {x['tau']:.2f} | {x['passes_ratio']:.2f} | {x['makespan_ratio']:.2f} | "
+                      f"{x['speedup']:.2f}x |")
+    md += ["", f"{d['model']}, {d['dtype']} weights, {d['prompts']} arithmetic word problems x G = {d['group']} "
+           f"samples, {d['rows_per_call']} row(s) per call, up to {d['max_new_tokens']} new tokens, temperature 1, "
+           "fixed weights; the makespan sums each call's slowest row's target passes."]
+    return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
+
+
+KINDS = {"rollouts": rollouts, "structured_output": structured_output, "pass_profile": pass_profile, "exact_logprobs": exact_logprobs, "pass_cost": pass_cost, "small_matmul": small_matmul, "spec_bench": spec_bench, "batch_sweep": batch_sweep, "accelerator": accelerator}
 
 
 def _write(out: str, text: str) -> None:

@@ -94,7 +94,8 @@ CASES = [Case(f"{d}x{m}-plain-b{b}", (d, m), "plain", b) for (d, m), b in zip(ME
     Case("1x8-early_exit_tree-b1", (1, 8), "early_exit_tree", 1),
 ] + [Case("2x4-lookahead-b4", (2, 4), "lookahead", 4)  # issue 12: pool and window per row, over `data`
       ] + [Case("2x4-early_exit_gated-b4", (2, 4), "early_exit", 4, gate=2.5)
-           ] + [Case("2x4-ngram_grammar-b4", (2, 4), "ngram", 4, grammar=True)]  # structured output: tables
+           ] + [Case("2x4-ngram_grammar-b4", (2, 4), "ngram", 4, grammar=True)  # structured output: tables
+                ] + [Case("2x4-history-b4", (2, 4), "history", 4)]  # rollout history: siblings per data shard
 # replicated, each row's start state over `data`  # the acceptance gate: rows gated per
 # data shard, then a second (plain) while loop, with a drafter whose forward holds the target's collectives
 MULTI_CASES = ("4x2-ngram-b4", "1x8-plain-b1")  # also run by two processes
@@ -129,7 +130,8 @@ def drafter(kind, draft_params):
             "ngram_tree": (jaxspec.NGramDrafter(gamma=2, min_n=1, branches=3, branch_min_n=1), None),
             "early_exit_tree": (jaxspec.EarlyExitDrafter(TARGET, n_layers=1, gamma=3, tree_nodes=6, branching=2), None),
             "model_tree": (jaxspec.ModelDrafter(TARGET, gamma=3, tree_nodes=8, branching=3), draft_params),
-            "lookahead": (jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2, pool_size=32), None)}[kind]
+            "lookahead": (jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2, pool_size=32), None),
+            "history": (jaxspec.HistoryDrafter(gamma=3, tree_nodes=6, min_n=1), None)}[kind]
 
 
 def run(params, draft_params, case: Case, mesh=None):
