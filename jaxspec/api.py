@@ -381,7 +381,8 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
         drafter = drafter_params = gate_tau = None
     if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
         gate_tau = None
-    misses = None
+    history = call.drafter_params if isinstance(call.drafter_params, rollouts.RolloutHistory) else None
+    misses = None if history is None else history.misses(req.rows)  # counted even when the policy decodes plainly
     plan = None
     if mesh is not None:
         from jaxspec import sharding
@@ -399,7 +400,7 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
         drafter_params = drafter.select_params(params, layout.for_run(drafter_params, getattr(drafter, "config", None)))
     shapes = request.buckets(req, engine.window(drafter, call.min_pass_tokens), 1 if plan is None else plan.data)
     if isinstance(drafter_params, rollouts.RolloutHistory):  # the one drafter input that depends on the rows
-        drafter_params, misses = drafter_params.rows(req.rows, shapes.batch)
+        drafter_params = drafter_params.rows(req.rows, shapes.batch)
     sc = call.sampling
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     rule = acceptance.EXACT if synthetic_acceptance is None else synthetic.SYNTHETIC
@@ -545,6 +546,8 @@ def generate(
                   synthetic_acceptance=synthetic_acceptance, allow_synthetic_acceptance=allow_synthetic_acceptance,
                   disable_by_batch_size=disable_by_batch_size, disable_by_acceptance=disable_by_acceptance)
     req = request.make(prompt, call.sampling, call.config, call.tokenizer, chat, max_len)
+    if isinstance(call.drafter_params, rollouts.RolloutHistory):
+        call.drafter_params.check_rows(req.rows)  # before the run: its rollouts must fit the history
     setup = _setup(call, req, mesh=mesh, shard_drafter=shard_drafter, synthetic_acceptance=synthetic_acceptance,
                    disable_by_batch_size=disable_by_batch_size)
     params, drafter_params, inputs = _inputs(call, req, setup)

@@ -45,9 +45,11 @@ class Metrics:
         the same shapes and dtypes (a training step) reuse the compiled program, so a
         training loop can assert ``not compiled`` after its first call.
       host_s: host time of the call outside the compiled program and the compile: checks,
-        tokenization, the request's arrays, the CPU layout of new params, the result.
+        tokenization, the request's arrays, the result (the CPU layout of new params is
+        dispatched asynchronously: its time shows in ``run_s``).
       history_misses: with a ``jaxspec.RolloutHistory`` as ``drafter_params``, the rows whose
-        prompt had no earlier rollout (they draft from their own text and siblings); else None.
+        prompt had no earlier rollout (they draft from their own text and siblings), counted
+        also when the batch policy decoded the call plainly; None without a history.
       synthetic: True when drafts were accepted at random (``jaxspec.synthetic``): tau and
         acceptance rates are then the chosen ones, not the drafter's, and the tokens are not
         the model's output. synthetic_rates: the conditional rates per position, or ().

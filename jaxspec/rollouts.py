@@ -16,6 +16,7 @@ The drafter reads the history as one array per call, each row's prompt's rollout
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Mapping, Sequence
 
@@ -71,11 +72,13 @@ class RolloutHistory:
 
         Raises:
           ValueError: rows and outputs of different counts, a token id outside the
-            vocabulary, or more rollouts of one prompt in this call than ``capacity``.
+            vocabulary, or more rollouts of one prompt in this call than ``capacity``
+            (``check_rows``).
         """
         if len(prompts) != len(outputs):
             raise ValueError(f"add() takes one output per prompt row, got {len(prompts)} prompts and "
                              f"{len(outputs)} outputs")
+        self.check_rows(prompts)
         new: dict[tuple[int, ...], list] = {}
         for p, out in zip(prompts, outputs):
             key = tuple(int(t) for t in p)
@@ -88,23 +91,31 @@ class RolloutHistory:
             new.setdefault(key, []).append((text, len(tail)))
         entries = dict(self.entries)
         for key, rows in new.items():
-            if len(rows) > self.capacity:
-                raise ValueError(f"this call sampled {len(rows)} rollouts of one prompt but the history keeps "
-                                 f"capacity={self.capacity} per prompt: raise capacity to at least {len(rows)}")
             entries[key] = (tuple(reversed(rows)) + tuple(entries.get(key, ())))[: self.capacity]
         return dataclasses.replace(self, entries=entries)
 
-    def rows(self, prompts: Sequence[Sequence[int]], batch: int) -> tuple[HistoryRows, int]:
-        """``(HistoryRows of batch rows, rows whose prompt has no rollout)``: row i gets its
-        prompt's rollouts, newest first; rows past ``len(prompts)`` (a batch's padding) none."""
+    def check_rows(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Raise ``ValueError`` when more rows than ``capacity`` sample one prompt: adding their
+        rollouts would evict some of them (``generate`` checks before it runs)."""
+        counts = collections.Counter(tuple(int(t) for t in p) for p in prompts)
+        most = max(counts.values(), default=0)
+        if most > self.capacity:
+            raise ValueError(f"this call samples {most} rollouts of one prompt but the history keeps "
+                             f"capacity={self.capacity} per prompt: raise capacity to at least {most}")
+
+    def misses(self, prompts: Sequence[Sequence[int]]) -> int:
+        """How many of ``prompts`` (one per row) have no rollout held."""
+        return sum(tuple(int(t) for t in p) not in self.entries for p in prompts)
+
+    def rows(self, prompts: Sequence[Sequence[int]], batch: int) -> HistoryRows:
+        """``HistoryRows`` of ``batch`` rows: row i gets its prompt's rollouts, newest first;
+        rows past ``len(prompts)`` (a batch's padding) none."""
         tokens = np.zeros((batch, self.capacity, self.max_tokens), np.int32)
         lens = np.zeros((batch, self.capacity), np.int32)
         starts = np.zeros((batch, self.capacity), np.int32)
-        misses = 0
         for i, p in enumerate(prompts):
             held = self.entries.get(tuple(int(t) for t in p), ())
-            misses += not held
             for h, (text, start) in enumerate(held):
                 tokens[i, h, : len(text)] = text
                 lens[i, h], starts[i, h] = len(text), start
-        return HistoryRows(tokens, lens, starts), misses
+        return HistoryRows(tokens, lens, starts)

@@ -117,6 +117,10 @@ def test_history_drafter_greedy_is_plain(tiny):
     assert again.tokens == plain and again.metrics.history_misses == 0
     learned = jaxspec.generate(tiny.params, PROMPTS, drafter=drafter, drafter_params=again.history, **kw)
     assert learned.tokens == plain and not learned.metrics.compiled  # new history values: same program
+    off = jaxspec.generate(tiny.params, PROMPTS, drafter=drafter, drafter_params=learned.history,
+                           disable_by_batch_size=1, **kw)
+    assert off.metrics.speculation is not None and off.metrics.history_misses == 0  # the policy decoded plainly
+    assert len(off.history) == 16 and off.history.rollouts(PROMPTS[1])[0] == off.tokens[3]  # it took the rollouts
     assert learned.metrics.tau > own.metrics.tau  # its own greedy rollouts are in the history now
 
 
@@ -126,8 +130,8 @@ def test_history_keeps_the_newest_per_prompt(tiny):
     h = h.add([[1, 2], [1, 2], [3]], [[10], [11], [12]])
     h = h.add([[1, 2], [1, 2]], [[13], [14]])
     assert h.rollouts([1, 2]) == [[14], [13], [11]] and h.rollouts([3]) == [[12]] and len(h) == 4
-    rows, misses = h.rows([[1, 2], [4], [3]], batch=4)
-    assert misses == 1 and rows.tokens.shape == (4, 3, 64)
+    rows = h.rows([[1, 2], [4], [3]], batch=4)
+    assert h.misses([[1, 2], [4], [3]]) == 1 and rows.tokens.shape == (4, 3, 64)
     np.testing.assert_array_equal(rows.lens[:, 0], [3, 0, 2, 0])  # prompt tail + 1 output token
     np.testing.assert_array_equal(rows.tokens[0, 0, :3], [1, 2, 14])
     assert rows.starts[0, 0] == 2
@@ -144,6 +148,9 @@ def test_history_bad_input(tiny):
         jaxspec.generate(tiny.params, PROMPTS, drafter=jaxspec.NGramDrafter(), drafter_params=_history(tiny), **kw)
     with pytest.raises(ValueError, match="capacity=2 per prompt"):
         _history(tiny, capacity=2).add([[1]] * 3, [[2]] * 3)
+    with pytest.raises(ValueError, match="samples 3 rollouts of one prompt but the history keeps capacity=2"):
+        jaxspec.generate(tiny.params, [PROMPTS[0]], n=3, drafter=jaxspec.HistoryDrafter(),
+                         drafter_params=_history(tiny, capacity=2), **kw)
     with pytest.raises(ValueError, match="capacity must be an integer in"):
         jaxspec.RolloutHistory(vocab_size=64, capacity=0)
     with pytest.raises(ValueError, match="outside the vocabulary"):
