@@ -382,6 +382,8 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
     if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
         gate_tau = None
     history = call.drafter_params if isinstance(call.drafter_params, rollouts.RolloutHistory) else None
+    if history is not None:
+        history.check_rows(req.rows)  # before the run: the call's rollouts must fit the history
     misses = None if history is None else history.misses(req.rows)  # counted even when the policy decodes plainly
     plan = None
     if mesh is not None:
@@ -546,8 +548,6 @@ def generate(
                   synthetic_acceptance=synthetic_acceptance, allow_synthetic_acceptance=allow_synthetic_acceptance,
                   disable_by_batch_size=disable_by_batch_size, disable_by_acceptance=disable_by_acceptance)
     req = request.make(prompt, call.sampling, call.config, call.tokenizer, chat, max_len)
-    if isinstance(call.drafter_params, rollouts.RolloutHistory):
-        call.drafter_params.check_rows(req.rows)  # before the run: its rollouts must fit the history
     setup = _setup(call, req, mesh=mesh, shard_drafter=shard_drafter, synthetic_acceptance=synthetic_acceptance,
                    disable_by_batch_size=disable_by_batch_size)
     params, drafter_params, inputs = _inputs(call, req, setup)

@@ -46,7 +46,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import Capabilities, Unsplit, check_gamma, check_int
-from jaxspec.drafters.ngram import MAX_NGRAM
+from jaxspec.drafters.ngram import MAX_NGRAM, match_sizes
 from jaxspec.tree import Proposal
 
 MAX_CANDIDATES = 32  # occurrences whose continuations are counted (static: [C, C, gamma] compares)
@@ -82,25 +82,6 @@ class HistoryState:
 
     siblings: jax.Array
     prompt_lens: jax.Array
-
-
-def match_sizes(source: jax.Array, lo: jax.Array, hi: jax.Array, row: jax.Array, n: jax.Array, max_n: int,
-                min_n: int) -> jax.Array:
-    """int32 ``[W]``: for each slot c of ``source`` (``[W]``) with ``lo <= c < hi``, the longest
-    n-gram size in ``[min_n, max_n]`` for which ``source[c - size : c]`` equals the row's last
-    ``size`` tokens (``row [S]``, ``n`` valid); 0 where none."""
-    w = source.shape[0]
-    best = jnp.zeros((w,), jnp.int32)
-    for size in range(min_n, max_n + 1):
-        if size >= w:
-            continue
-        pattern = jax.lax.dynamic_slice_in_dim(row, jnp.maximum(n - size, 0), size)
-        c = jnp.arange(size, w)  # continuation slots, the n-gram being source[c - size : c]
-        match = (c >= lo) & (c < hi) & (n >= size)
-        for i in range(size):
-            match &= source[i : w - size + i] == pattern[i]
-        best = best.at[c].max(jnp.where(match, size, 0))
-    return best
 
 
 def find_siblings(prompt: jax.Array, lens: jax.Array, k: int) -> jax.Array:

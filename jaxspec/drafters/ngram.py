@@ -64,6 +64,25 @@ MAX_NGRAM = 16  # the lookup unrolls over n-gram sizes: compile time grows ~quad
 MAX_BRANCHES = 16
 
 
+def match_sizes(source: jax.Array, lo: jax.Array, hi: jax.Array, row: jax.Array, n: jax.Array, max_n: int,
+                min_n: int) -> jax.Array:
+    """int32 ``[W]``: for each slot c of ``source`` (``[W]``) with ``lo <= c < hi``, the longest
+    n-gram size in ``[min_n, max_n]`` for which ``source[c - size : c]`` equals the row's last
+    ``size`` tokens (``row [S]``, ``n`` valid); 0 where none."""
+    w = source.shape[0]
+    best = jnp.zeros((w,), jnp.int32)
+    for size in range(min_n, max_n + 1):
+        if size >= w:
+            continue
+        pattern = jax.lax.dynamic_slice_in_dim(row, jnp.maximum(n - size, 0), size)
+        c = jnp.arange(size, w)  # continuation slots, the n-gram being source[c - size : c]
+        match = (c >= lo) & (c < hi) & (n >= size)
+        for i in range(size):
+            match &= source[i : w - size + i] == pattern[i]
+        best = best.at[c].max(jnp.where(match, size, 0))
+    return best
+
+
 def match_starts(row: jax.Array, n: jax.Array, k: int, max_n: int, min_n: int) -> tuple[jax.Array, jax.Array]:
     """The first continuation slots of the ``k`` best earlier matches of one sequence's tail.
 
@@ -75,16 +94,7 @@ def match_starts(row: jax.Array, n: jax.Array, k: int, max_n: int, min_n: int) -
       the slots, -1 where fewer matched, and the matched n-gram sizes, 0 there.
     """
     s = row.shape[0]
-    best = jnp.zeros((s,), jnp.int32)  # best[c]: longest n-gram whose match continues at slot c
-    for size in range(min_n, max_n + 1):
-        if size >= s:
-            continue
-        pattern = jax.lax.dynamic_slice_in_dim(row, jnp.maximum(n - size, 0), size)
-        j = jnp.arange(s - size + 1)
-        match = (j + size < n) & (n >= size)  # an earlier window with at least one token after it
-        for i in range(size):
-            match &= row[i : s - size + 1 + i] == pattern[i]
-        best = best.at[j + size].max(jnp.where(match, size, 0), mode="drop")
+    best = match_sizes(row, 0, n, row, n, max_n, min_n)  # best[c]: longest n-gram whose match continues at c < n
     score = jnp.where(best > 0, best * s + jnp.arange(s), -1)
     top, starts = jax.lax.top_k(score, k)
     return jnp.where(top >= 0, starts, -1).astype(jnp.int32), jnp.where(top >= 0, top // s, 0).astype(jnp.int32)
