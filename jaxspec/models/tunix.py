@@ -1,0 +1,102 @@
+"""Tunix's flax.nnx decoders (``google-tunix`` on PyPI: ``tunix.models.qwen2``, ``qwen3``,
+``gemma3``) as a target model (``jaxspec.models.target``).
+
+    from tunix.models.qwen2 import model as qwen2
+    from jaxspec.models.tunix import TunixTarget
+
+    module = qwen2.Qwen2(qwen2.ModelConfig.qwen2p5_0p5b(), rngs=nnx.Rngs(0))
+    target, params = TunixTarget.split(module, name="qwen2.5-0.5b", max_position=32768, eos_ids=(151643,))
+    out = jaxspec.generate(params, prompt_ids, config=target, drafter=jaxspec.HistoryDrafter())
+
+Tunix's decoders take ``(input_tokens, positions, cache, attention_mask, output_hidden_states)``
+with an explicit ``[B, L, cache_length]`` mask, which is all a draft tree's verify needs. Their
+cache writes a whole batch at one index (``end_index``, the first row's), so the target runs
+row by row (``MaskedTarget.row_offsets`` False), as the gemma library's does; the cache pytree
+jaxspec carries is Tunix's without ``end_index`` (``layer_i``: ``k``, ``v`` ``[B, S, K, h]``).
+The final hidden states are the ones the module sows with ``output_hidden_states=True``; its
+logits of every position are unused, and ``jit`` drops them.
+
+``split`` separates the module into its graph (part of the compiled program's key) and its
+``nnx.State`` (the params pytree): a training loop's new weights of the same shapes reuse the
+compiled program. ``jaxspec.tunix_rollout`` uses this target as Tunix's rollout engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxspec.models.target import _MaskedForward
+
+
+@dataclasses.dataclass(frozen=True)
+class TunixTarget(_MaskedForward):
+    """A Tunix decoder (a flax.nnx module) as a ``TargetModel``.
+
+    Attributes:
+      graphdef: the module's ``nnx.GraphDef`` (``split``); params are its ``nnx.State``. Tunix's
+        configs are mutable dataclasses, so the graph is unhashable: the target compares and
+        hashes by ``graph_id`` (the graph's identity) instead; a rollout keeps one target, so
+        its calls share one compiled program.
+      name, vocab_size, max_position, bos_id, eos_ids (keywords): as in ``jaxspec.models.TargetModel``.
+    """
+
+    graphdef: Any = dataclasses.field(compare=False)
+    graph_id: int = dataclasses.field(default=0, kw_only=True)
+    row_offsets: bool = dataclasses.field(default=False, kw_only=True)  # one cache write index per batch
+
+    @classmethod
+    def split(cls, module: nnx.Module, *, name: str, max_position: int, bos_id: int = -1,
+              eos_ids: tuple[int, ...] = ()) -> tuple[TunixTarget, nnx.State]:
+        """``(TunixTarget, params)`` of ``module``; the vocabulary size is its config's.
+
+        Raises:
+          ValueError: a module whose ``__call__`` cannot return its final hidden states
+            (no ``output_hidden_states`` argument: Tunix's qwen2, qwen3 and gemma3 have it).
+        """
+        if "output_hidden_states" not in inspect.signature(type(module).__call__).parameters:
+            raise ValueError(f"{type(module).__name__}.__call__ has no output_hidden_states argument: TunixTarget "
+                             "reads the final hidden states the module sows (Tunix's Qwen2, Qwen3, Gemma3)")
+        graphdef, params = nnx.split(module)
+        return cls(graphdef, graph_id=id(graphdef), name=name, vocab_size=int(module.config.vocab_size), max_position=int(max_position),
+                   bos_id=int(bos_id), eos_ids=tuple(int(e) for e in eos_ids)), params
+
+    def apply(self, params, tokens, positions, cache, write_at, mask):
+        module = nnx.merge(self.graphdef, params)
+        full = {name: {**layer, "end_index": write_at} for name, layer in cache.items()}
+        _, new_cache = module(tokens, positions, full, mask, output_hidden_states=True)
+        sown = nnx.pop(module, nnx.Intermediate)
+        hidden = _leaf(sown["all_hidden_states"])
+        return hidden, {name: _without_index(layer) for name, layer in new_cache.items()}
+
+    def head(self, params, hidden):
+        module = nnx.merge(self.graphdef, params)
+        if getattr(module.config, "use_tied_embedding", True) or not hasattr(module, "lm_head"):
+            return module.embedder.decode(hidden)
+        return module.lm_head(hidden)
+
+    def make_cache(self, params, batch: int, max_len: int):
+        module = nnx.merge(self.graphdef, params)
+        dtype = module.embedder.input_embedding.value.dtype
+        if hasattr(module, "init_cache"):
+            cache = module.init_cache(batch, max_len, dtype)
+        else:  # Tunix's sampler builds the same dict for models without init_cache (qwen2)
+            c = module.config
+            shape = (batch, max_len, c.num_kv_heads, c.head_dim)
+            cache = {f"layer_{i}": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+                     for i in range(c.num_layers)}
+        return {name: _without_index(layer) for name, layer in cache.items()}
+
+
+def _leaf(sown):
+    """The array ``sow`` stored (a one-element tuple inside a Variable)."""
+    value = sown.value if hasattr(sown, "value") else sown
+    return value[-1] if isinstance(value, tuple) else value
+
+
+def _without_index(layer: dict) -> dict:
+    return {k: v for k, v in layer.items() if k != "end_index"}

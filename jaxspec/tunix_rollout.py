@@ -1,0 +1,195 @@
+"""jaxspec as a rollout engine for Tunix's RL learners (GRPO, PPO, DAPO): speculative rollouts
+drafted from each prompt's sibling samples and earlier rollouts.
+
+Tunix (``google-tunix`` on PyPI, JAX) chooses its rollout engine by ``ClusterConfig.rollout_engine``:
+``"vanilla"`` (its own sampler), ``"vllm"``, ``"sglang_jax"``, or a subclass of
+``tunix.rl.rollout.base_rollout.BaseRollout``. ``JaxspecRollout`` is such a subclass:
+
+    import functools
+    from tunix.rl import rl_cluster
+    from jaxspec.tunix_rollout import JaxspecRollout
+
+    cluster_config = rl_cluster.ClusterConfig(
+        ...,
+        rollout_engine=functools.partial(JaxspecRollout, max_position=32768),
+        rollout_config=base_rollout.RolloutConfig(temperature=1.0, max_tokens_to_generate=256, ...))
+
+The learner's actor (a Tunix ``nnx`` decoder: Qwen2, Qwen3, Gemma3) runs through
+``jaxspec.models.tunix.TunixTarget``; each ``generate`` is one ``jaxspec.generate`` call with the
+history drafter (``jaxspec.HistoryDrafter``: the row's own text, the other samples of its
+prompt in the call, and the earlier rollouts of that prompt kept in a ``jaxspec.RolloutHistory``
+that the engine carries from call to call). Sampling is exact: the rollouts follow the
+actor's distribution as Tunix's own sampler's do (``jaxspec.acceptance``), so the learner's
+curve does not depend on the engine. Every call reads the actor's weights as they are now: a
+learner on the same device updates the actor in place and the engine shares it (``model()``
+is the actor, so the learner skips its weight sync); ``update_params`` writes weights into it
+otherwise. New weights have the same shapes and dtypes, so the compiled program is reused
+(``metrics.compiled`` of the last call says whether it compiled).
+
+Choices, where Tunix's samplers differ:
+- a prompt longer than ``RolloutConfig.max_prompt_length`` is refused (``ValueError``), not cut;
+- ``logits`` of the output are not returned (None: Tunix's learners read tokens and text);
+- sampled token ids exclude the EOS id that ended them, as Tunix's sampler returns them;
+- the seed of call k is ``RolloutConfig.seed`` (0 when None) plus k, so each step samples afresh.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from tunix.rl import common as tunix_common
+from tunix.rl import utils as tunix_utils
+from tunix.rl.rollout import base_rollout
+
+from jaxspec import api
+from jaxspec.drafters.history import HistoryDrafter
+from jaxspec.models.tunix import TunixTarget
+from jaxspec.rollouts import PROMPT_TAIL, RolloutHistory
+
+
+class JaxspecRollout(base_rollout.BaseRollout):
+    """A Tunix rollout engine that generates with jaxspec (``jaxspec.generate``).
+
+    Args:
+      rollout_actor: the Tunix decoder (``nnx.Module``) whose rollouts are sampled.
+      tokenizer: Tunix's ``TokenizerAdapter`` (what ``RLCluster`` passes), or a tokenizer it wraps.
+      mesh: a one-device mesh or None (a model split over several devices runs on jaxspec's
+        own decoder only: ``jaxspec.generate(mesh=)``).
+      rollout_config: unused at construction (each ``generate`` takes its own).
+      drafter: a ``jaxspec`` drafter, default ``HistoryDrafter()``; None: plain decoding.
+      history_capacity: earlier rollouts kept per prompt (``RolloutHistory.capacity``).
+      max_position: the actor's context, in tokens (default 32768).
+      settings: further ``jaxspec.generate`` keywords (``disable_by_batch_size``, ...).
+
+    Raises:
+      ValueError: a mesh of several devices.
+    """
+
+    def __init__(self, rollout_actor: nnx.Module, tokenizer: Any, mesh: Any = None, rollout_config: Any = None, *,
+                 drafter: Any = "history", history_capacity: int = 16, max_position: int = 32768, **settings):
+        if mesh is not None and mesh.devices.size > 1:
+            raise ValueError(f"JaxspecRollout runs the actor on one device, got a mesh of {mesh.devices.size}")
+        if not hasattr(tokenizer, "pad_id"):
+            from tunix.generate import tokenizer_adapter
+            tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
+        self.tokenizer = tokenizer
+        bos = tokenizer.bos_id()
+        self.device = jax.devices()[0] if mesh is None else mesh.devices.flat[0]
+        self.actor = rollout_actor
+        self.target, _ = TunixTarget.split(
+            rollout_actor, name=type(rollout_actor).__name__, max_position=max_position,
+            bos_id=-1 if bos is None else bos, eos_ids=(tokenizer.eos_id(),))
+        self.drafter = HistoryDrafter() if drafter == "history" else drafter
+        self.history_capacity = history_capacity
+        self.history: RolloutHistory | None = None
+        self.settings = settings
+        self.metrics = None  # the last call's jaxspec.metrics.Metrics
+        self.calls = 0
+
+    def _prompt_ids(self, prompt: str, limit: int) -> list[int]:
+        """Tunix's sampler's tokenization: BOS (where the tokenizer has one) then the text's ids."""
+        if isinstance(prompt, np.ndarray):  # Tunix's learners pass numpy strings
+            prompt = prompt.item() if prompt.ndim == 0 else prompt
+        if not isinstance(prompt, str):
+            raise ValueError(f"a prompt must be a str, got {type(prompt).__name__} {prompt!r:.80}")
+        ids = self.tokenizer.encode(prompt)
+        bos = self.tokenizer.bos_id()
+        if bos is not None and bos >= 0 and bos != self.tokenizer.pad_id() and (not ids or ids[0] != bos):
+            ids = [bos] + list(ids)
+        if len(ids) > limit:
+            raise ValueError(f"a prompt of {len(ids)} tokens is longer than RolloutConfig.max_prompt_length={limit} "
+                             f"(jaxspec does not cut prompts): raise max_prompt_length")
+        return [int(t) for t in ids]
+
+    def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
+                 **kwargs) -> base_rollout.RolloutOutput:
+        """One ``jaxspec.generate`` call over ``prompts`` (each repeated prompt a sibling sample).
+
+        Returns Tunix's ``RolloutOutput``: text, tokens (int32 arrays without the final EOS),
+        the prompts left-padded to ``max_prompt_length`` with the pad id, logprobs where
+        ``return_logprobs`` (of the distribution sampled from), logits None.
+        """
+        rc = rollout_config
+        ids = [self._prompt_ids(p, rc.max_prompt_length) for p in prompts]
+        eos = tuple(int(e) for e in (rc.eos_tokens or [self.tokenizer.eos_id()]))
+        seed = 0 if rc.seed is None else int(np.asarray(rc.seed).reshape(-1)[0])
+        history = None
+        if isinstance(self.drafter, HistoryDrafter):
+            if self.history is None:
+                self.history = RolloutHistory(vocab_size=self.target.vocab_size, capacity=self.history_capacity,
+                                              max_tokens=rc.max_tokens_to_generate + PROMPT_TAIL)
+            history = self.history
+        res = api.generate(
+            self.params, ids, config=self.target, drafter=self.drafter, drafter_params=history,
+            max_len=rc.max_prompt_length + rc.max_tokens_to_generate, max_new_tokens=rc.max_tokens_to_generate,
+            temperature=float(rc.temperature), top_p=1.0 if rc.top_p is None else float(rc.top_p),
+            top_k=0 if rc.top_k is None or rc.top_k < 0 else int(rc.top_k), stop_token_ids=eos,
+            seed=(seed + self.calls) % (1 << 32), logprobs=0 if rc.return_logprobs else None,
+            logprobs_mode="processed", **self.settings)
+        self.calls += 1
+        self.metrics = res.metrics
+        if res.history is not None:
+            self.history = res.history
+        tokens, logprobs = [], []
+        for k, row in enumerate(res.tokens):
+            n = len(row) - (1 if row and row[-1] in eos else 0)
+            tokens.append(np.asarray(row[:n], np.int32))
+            if res.logprobs is not None:
+                logprobs.append(res.logprobs[k][:n])
+        pad = self.tokenizer.pad_id()
+        left = np.full((len(ids), rc.max_prompt_length), pad, np.int32)
+        for k, row in enumerate(ids):
+            left[k, rc.max_prompt_length - len(row):] = row
+        return base_rollout.RolloutOutput(
+            text=[self.tokenizer.decode(t.tolist()) for t in tokens], logits=None, tokens=tokens,
+            left_padded_prompt_tokens=left, logprobs=logprobs if rc.return_logprobs else None)
+
+    def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
+        """The actor's log-probabilities of ``completion_tokens`` after ``prompt_tokens`` (Tunix's own)."""
+        return tunix_common.compute_per_token_logps(
+            self.target.graphdef, self.params, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+            pad_id=self.pad_id(), eos_id=self.eos_id(), stop_gradient=True, return_logits=False)
+
+    def update_params(self, params: Any, filter_types: tuple | None = None) -> None:
+        """Take the learner's new weights (all of the actor's, or those of ``filter_types``: the
+        learner passes only them), each cast to the dtype it had, written into the actor (whose
+        weights every call reads); same shapes reuse the compiled program. A learner that
+        updates the actor in place (one device, colocated) shares its weights with the engine
+        (``model()`` is the actor) and does not call this.
+
+        Raises:
+          ValueError: a weight the actor does not have.
+        """
+        new, _ = tunix_utils.to_flat_dict(params)
+        current = nnx.state(self.actor)
+        old, treedef = tunix_utils.to_flat_dict(current)
+        unknown = sorted(set(new) - set(old))
+        if unknown:
+            raise ValueError(f"update_params: {len(unknown)} weights the actor does not have, e.g. {unknown[0]}")
+        merged = [new[k].astype(v.dtype) if k in new else v for k, v in old.items()]
+        state = jax.tree.map(lambda x: x, current)  # a new State of the same structure
+        nnx.replace_by_pure_dict(state, jax.tree.unflatten(treedef, merged))
+        nnx.update(self.actor, state)
+
+    @property
+    def params(self) -> nnx.State:
+        """The actor's weights now (the learner updates them in place), on the rollout's
+        device, without the learner's mesh axes (a learner's sharded arrays may carry them in
+        their types, which a one-device program cannot index)."""
+        return jax.device_put(nnx.state(self.actor), jax.sharding.SingleDeviceSharding(self.device))
+
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_id()
+
+    def eos_id(self) -> int:
+        return self.tokenizer.eos_id()
+
+    def model(self) -> nnx.Module:
+        """The actor itself: the learner sees that the engine shares its weights and skips the sync."""
+        return self.actor
+
+
+__all__ = ["JaxspecRollout", "TunixTarget"]
