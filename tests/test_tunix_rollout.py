@@ -6,6 +6,7 @@ which takes transformers back to 5.12): it runs in its own environment, which .c
 (docs/rollouts.md, "Tunix"). Without it these tests skip.
 """
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -23,7 +24,7 @@ from tunix.rl.grpo import grpo_learner  # noqa: E402
 from tunix.rl.rollout import base_rollout  # noqa: E402
 
 import jaxspec  # noqa: E402
-from jaxspec.models.tunix import TunixTarget  # noqa: E402
+from jaxspec.models.tunix import TunixTarget, load_qwen2  # noqa: E402
 from jaxspec.tunix_rollout import JaxspecRollout  # noqa: E402
 
 VOCAB = 264  # bytes + 3 + 5 spare
@@ -90,6 +91,39 @@ def test_tunix_target_refuses_a_module_without_hidden_states():
 
     with pytest.raises(ValueError, match="output_hidden_states"):
         TunixTarget.split(Plain(), name="plain", max_position=8)
+
+
+def test_load_qwen2_gives_tunix_qwen2_jaxspecs_logits():
+    """A tiny random jaxspec Qwen2 (norms and biases random too, so every mapping shows)
+    written into Tunix's Qwen2 by ``load_qwen2``: Tunix's module gives jaxspec's decoder's
+    logits (which tests/test_families.py checks against transformers'). ATOL 1e-4: float32
+    on both sides in different summation orders, as there."""
+    from jaxspec.cache import KVCache
+    from jaxspec.config import ModelConfig
+    from jaxspec.models.decoder import init_params
+
+    cfg = ModelConfig(vocab_size=64, dim=32, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=48,
+                      rope_theta=10000.0, norm_eps=1e-6, tie_embeddings=True, max_position=256, bos_id=1,
+                      eos_ids=(2,), name="tiny-qwen2", family="qwen2", attn_bias=True)
+    params = init_params(cfg, jax.random.key(0), scale=1.5)
+    keys = iter(jax.random.split(jax.random.key(1), 64))
+    rand = lambda x: x + 0.3 * jax.random.normal(next(keys), x.shape)  # noqa: E731
+    params["layers"] = [{k: rand(v) if k in ("attn_norm", "mlp_norm", "bq", "bk", "bv") else v for k, v in layer.items()}
+                        for layer in params["layers"]]
+    params["final_norm"] = rand(params["final_norm"])
+    tokens = [3, 17, 42, 5, 9, 60, 1, 33, 28, 11, 47, 2, 19, 55, 7, 38]
+    t = len(tokens)
+    ref = jaxspec.models.forward(params, cfg, jnp.asarray([tokens]), jnp.arange(t)[None],
+                                 KVCache.zeros(cfg, 1, 32, jnp.float32)).logits[0]
+    tcfg = qwen2.ModelConfig(num_layers=3, vocab_size=64, embed_dim=32, hidden_dim=48, num_heads=4, head_dim=8,
+                             num_kv_heads=2, rope_theta=10000, norm_eps=1e-6, use_tied_embedding=True)
+    module = qwen2.Qwen2(tcfg, rngs=nnx.Rngs(1))
+    load_qwen2(module, params, cfg)
+    logits, _ = module(jnp.asarray([tokens]), jnp.arange(t)[None], None, jnp.tril(jnp.ones((1, t, t), bool)))
+    assert float(jnp.abs(ref).max()) > 1.0  # logits that differ across tokens, not a flat row
+    np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(ref), atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="use_tied_embedding"):
+        load_qwen2(qwen2.Qwen2(dataclasses.replace(tcfg, use_tied_embedding=False), rngs=nnx.Rngs(1)), params, cfg)
 
 
 def rollout_config(**kw):

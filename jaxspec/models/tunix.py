@@ -30,6 +30,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxspec.models import layout
 from jaxspec.models.target import _MaskedForward
 
 
@@ -75,9 +76,12 @@ class TunixTarget(_MaskedForward):
 
     def head(self, params, hidden):
         module = nnx.merge(self.graphdef, params)
+        x = hidden.reshape(-1, 1, hidden.shape[-1])  # Tunix's heads take [B, T, D]; the engine's hidden is [..., D]
         if getattr(module.config, "use_tied_embedding", True) or not hasattr(module, "lm_head"):
-            return module.embedder.decode(hidden)
-        return module.lm_head(hidden)
+            logits = module.embedder.decode(x)
+        else:
+            logits = module.lm_head(x)
+        return logits.reshape(*hidden.shape[:-1], logits.shape[-1])
 
     def make_cache(self, params, batch: int, max_len: int):
         module = nnx.merge(self.graphdef, params)
@@ -90,6 +94,52 @@ class TunixTarget(_MaskedForward):
             cache = {f"layer_{i}": {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
                      for i in range(c.num_layers)}
         return {name: _without_index(layer) for name, layer in cache.items()}
+
+
+def load_qwen2(module: nnx.Module, params: dict, config) -> None:
+    """Write jaxspec's Qwen2 weights (``jaxspec.load(...).params``, Hugging Face conventions,
+    matrices ``[in, out]``) into a Tunix ``Qwen2`` module of the same sizes, in place.
+
+    With ``jaxspec.load`` and this, Tunix's learners train the models jaxspec packages (no hub
+    download). Tunix's Qwen2 splits the attention matrices by head (``q_proj.w`` ``[D, H, h]``,
+    ``o_proj.w`` ``[H, h, D]``) and stores RMSNorm scales and RoPE as Hugging Face does, so it
+    is reshapes. A model with a separate output head needs ``use_tied_embedding=False`` in
+    Tunix's config.
+
+    Raises:
+      ValueError: ``config`` (a jaxspec ``ModelConfig``) is not a Qwen2 model, the sizes differ,
+        or the output heads are tied in one and not in the other.
+    """
+    c = module.config
+    if config.family != "qwen2":
+        raise ValueError(f"load_qwen2 needs a qwen2 model, got family {config.family!r}")
+    mine = (config.n_layers, config.vocab_size, config.dim, config.ffn_dim, config.n_heads, config.n_kv_heads,
+            config.head_dim)
+    theirs = (c.num_layers, c.vocab_size, c.embed_dim, c.hidden_dim, c.num_heads, c.num_kv_heads, c.head_dim)
+    if mine != theirs:
+        raise ValueError(f"sizes differ (layers, vocab, dim, ffn, heads, kv heads, head dim): jaxspec {mine}, "
+                         f"Tunix {theirs}")
+    if bool(config.tie_embeddings) != bool(c.use_tied_embedding):
+        raise ValueError(f"jaxspec's model has tie_embeddings={config.tie_embeddings}, Tunix's config "
+                         f"use_tied_embedding={c.use_tied_embedding}: set them alike")
+    h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.embed_dim
+    params = layout.as_arrays(params)  # jaxspec's CPU panels back to [in, out] matrices
+    pure = {"embedder": {"input_embedding": params["embed"]}, "final_norm": {"w": params["final_norm"]}, "layers": {}}
+    if not c.use_tied_embedding:
+        pure["lm_head"] = {"w": params["lm_head"]}
+    for i, layer in enumerate(params["layers"]):
+        pure["layers"][i] = {
+            "input_layernorm": {"w": layer["attn_norm"]},
+            "post_attention_layernorm": {"w": layer["mlp_norm"]},
+            "attn": {"q_proj": {"w": layer["wq"].reshape(d, h, hd)}, "k_proj": {"w": layer["wk"].reshape(d, kv, hd)},
+                     "v_proj": {"w": layer["wv"].reshape(d, kv, hd)}, "o_proj": {"w": layer["wo"].reshape(h, hd, d)},
+                     "q_bias": layer["bq"], "k_bias": layer["bk"], "v_bias": layer["bv"]},
+            "mlp": {"gate_proj": {"kernel": layer["w_gate"]}, "up_proj": {"kernel": layer["w_up"]},
+                    "down_proj": {"kernel": layer["w_down"]}},
+        }
+    state = nnx.state(module)
+    nnx.replace_by_pure_dict(state, pure)
+    nnx.update(module, state)
 
 
 def _leaf(sown):
