@@ -123,10 +123,10 @@ def main(argv=None) -> int:
                 s["s"] += time.perf_counter() - t0
                 s["tokens"] += sum(len(t) for t in out.tokens)
                 if name != "tunix":
-                    m = engine.metrics
-                    s["steps"] += int(m.verify_steps.sum())
-                    s["emitted"] += int((m.new_tokens - 1).clip(0).sum())
-                    s["compiled"] += int(m.compiled)
+                    for m in engine.metrics:
+                        s["steps"] += int(m.verify_steps.sum())
+                        s["emitted"] += int((m.new_tokens - 1).clip(0).sum())
+                        s["compiled"] += int(m.compiled)
         for name, s in stats.items():
             s["tokens_per_s"] = s["tokens"] / s["s"]
             s["speedup_over_tunix"] = s["tokens_per_s"] / stats["tunix"]["tokens_per_s"]

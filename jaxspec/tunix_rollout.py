@@ -24,7 +24,7 @@ curve does not depend on the engine. Every call reads the actor's weights as the
 learner on the same device updates the actor in place and the engine shares it (``model()``
 is the actor, so the learner skips its weight sync); ``update_params`` writes weights into it
 otherwise. New weights have the same shapes and dtypes, so the compiled program is reused
-(``metrics.compiled`` of the last call says whether it compiled).
+(``compiled`` says whether the last ``generate`` compiled).
 
 Choices, where Tunix's samplers differ:
 - a prompt longer than ``RolloutConfig.max_prompt_length`` is refused (``ValueError``), not cut;
@@ -61,15 +61,22 @@ class JaxspecRollout(base_rollout.BaseRollout):
       rollout_config: unused at construction (each ``generate`` takes its own).
       drafter: a ``jaxspec`` drafter, default ``HistoryDrafter()``; None: plain decoding.
       history_capacity: earlier rollouts kept per prompt (``RolloutHistory.capacity``).
+      rows_per_call: None (default): each ``generate`` is one ``jaxspec.generate`` call; k: calls of
+        k rows in turn, each drafting also from the earlier calls' rollouts (the history). On a
+        CPU the history drafter pays at 1-2 rows per call, and the batch policy decodes larger
+        calls plainly (docs/batch_policy.md); a learner sends a prompt's G samples at once.
       max_position: the actor's context, in tokens (default 32768).
       settings: further ``jaxspec.generate`` keywords (``disable_by_batch_size``, ...).
 
     Raises:
-      ValueError: a mesh of several devices.
+      ValueError: a mesh of several devices; rows_per_call below 1.
     """
 
     def __init__(self, rollout_actor: nnx.Module, tokenizer: Any, mesh: Any = None, rollout_config: Any = None, *,
-                 drafter: Any = "history", history_capacity: int = 16, max_position: int = 32768, **settings):
+                 drafter: Any = "history", history_capacity: int = 16, max_position: int = 32768,
+                 rows_per_call: int | None = None, **settings):
+        if rows_per_call is not None and rows_per_call < 1:
+            raise ValueError(f"rows_per_call must be None or >= 1, got {rows_per_call}")
         if mesh is not None and mesh.devices.size > 1:
             raise ValueError(f"JaxspecRollout runs the actor on one device, got a mesh of {mesh.devices.size}")
         if not hasattr(tokenizer, "pad_id"):
@@ -86,8 +93,14 @@ class JaxspecRollout(base_rollout.BaseRollout):
         self.history_capacity = history_capacity
         self.history: RolloutHistory | None = None
         self.settings = settings
-        self.metrics = None  # the last call's jaxspec.metrics.Metrics
+        self.rows_per_call = rows_per_call
+        self.metrics = []  # the last generate's jaxspec.metrics.Metrics, one per jaxspec call
         self.calls = 0
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the last ``generate`` compiled a program (a training loop can assert it never does)."""
+        return any(m.compiled for m in self.metrics)
 
     def _prompt_ids(self, prompt: str, limit: int) -> list[int]:
         """Tunix's sampler's tokenization: BOS (where the tokenizer has one) then the text's ids."""
@@ -106,7 +119,8 @@ class JaxspecRollout(base_rollout.BaseRollout):
 
     def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
                  **kwargs) -> base_rollout.RolloutOutput:
-        """One ``jaxspec.generate`` call over ``prompts`` (each repeated prompt a sibling sample).
+        """``jaxspec.generate`` over ``prompts`` (each repeated prompt a sibling sample): one call,
+        or calls of ``rows_per_call`` rows in turn.
 
         Returns Tunix's ``RolloutOutput``: text, tokens (int32 arrays without the final EOS),
         the prompts left-padded to ``max_prompt_length`` with the pad id, logprobs where
@@ -116,29 +130,30 @@ class JaxspecRollout(base_rollout.BaseRollout):
         ids = [self._prompt_ids(p, rc.max_prompt_length) for p in prompts]
         eos = tuple(int(e) for e in (rc.eos_tokens or [self.tokenizer.eos_id()]))
         seed = 0 if rc.seed is None else int(np.asarray(rc.seed).reshape(-1)[0])
-        history = None
-        if isinstance(self.drafter, HistoryDrafter):
-            if self.history is None:
-                self.history = RolloutHistory(vocab_size=self.target.vocab_size, capacity=self.history_capacity,
-                                              max_tokens=rc.max_tokens_to_generate + PROMPT_TAIL)
-            history = self.history
-        res = api.generate(
-            self.params, ids, config=self.target, drafter=self.drafter, drafter_params=history,
-            max_len=rc.max_prompt_length + rc.max_tokens_to_generate, max_new_tokens=rc.max_tokens_to_generate,
-            temperature=float(rc.temperature), top_p=1.0 if rc.top_p is None else float(rc.top_p),
-            top_k=0 if rc.top_k is None or rc.top_k < 0 else int(rc.top_k), stop_token_ids=eos,
-            seed=(seed + self.calls) % (1 << 32), logprobs=0 if rc.return_logprobs else None,
-            logprobs_mode="processed", **self.settings)
-        self.calls += 1
-        self.metrics = res.metrics
-        if res.history is not None:
-            self.history = res.history
-        tokens, logprobs = [], []
-        for k, row in enumerate(res.tokens):
-            n = len(row) - (1 if row and row[-1] in eos else 0)
-            tokens.append(np.asarray(row[:n], np.int32))
-            if res.logprobs is not None:
-                logprobs.append(res.logprobs[k][:n])
+        uses_history = isinstance(self.drafter, HistoryDrafter)
+        if uses_history and self.history is None:
+            self.history = RolloutHistory(vocab_size=self.target.vocab_size, capacity=self.history_capacity,
+                                          max_tokens=rc.max_tokens_to_generate + PROMPT_TAIL)
+        per_call = self.rows_per_call or len(ids)
+        self.metrics, tokens, logprobs = [], [], []
+        for start in range(0, len(ids), per_call):
+            res = api.generate(
+                self.params, ids[start : start + per_call], config=self.target, drafter=self.drafter,
+                drafter_params=self.history if uses_history else None,
+                max_len=rc.max_prompt_length + rc.max_tokens_to_generate, max_new_tokens=rc.max_tokens_to_generate,
+                temperature=float(rc.temperature), top_p=1.0 if rc.top_p is None else float(rc.top_p),
+                top_k=0 if rc.top_k is None or rc.top_k < 0 else int(rc.top_k), stop_token_ids=eos,
+                seed=(seed + self.calls) % (1 << 32), logprobs=0 if rc.return_logprobs else None,
+                logprobs_mode="processed", **self.settings)
+            self.calls += 1
+            self.metrics.append(res.metrics)
+            if res.history is not None:
+                self.history = res.history
+            for k, row in enumerate(res.tokens):
+                n = len(row) - (1 if row and row[-1] in eos else 0)
+                tokens.append(np.asarray(row[:n], np.int32))
+                if res.logprobs is not None:
+                    logprobs.append(res.logprobs[k][:n])
         pad = self.tokenizer.pad_id()
         left = np.full((len(ids), rc.max_prompt_length), pad, np.int32)
         for k, row in enumerate(ids):

@@ -136,7 +136,7 @@ def test_rollout_engine_samples_keeps_history_and_takes_new_weights():
     rc = rollout_config(return_logprobs=True)
     prompts = ["1+2=", "1+2=", "3*4=", "3*4="]
     out = engine.generate(prompts, rc)
-    assert engine.metrics.compiled and engine.metrics.history_misses == 4  # nothing earlier yet
+    assert engine.compiled and engine.metrics[0].history_misses == 4  # nothing earlier yet
     assert out.left_padded_prompt_tokens.shape == (4, 8)
     assert out.left_padded_prompt_tokens[0].tolist() == [0, 0, 0, 1, 52, 46, 53, 64]  # pad, BOS, "1+2="
     assert out.logits is None and len(out.tokens) == 4
@@ -150,7 +150,7 @@ def test_rollout_engine_samples_keeps_history_and_takes_new_weights():
         np.testing.assert_allclose(np.asarray(logps[k, : len(row)]), out.logprobs[k], atol=1e-4)
 
     engine.generate(prompts, rc)
-    assert not engine.metrics.compiled and engine.metrics.history_misses == 0
+    assert not engine.compiled and engine.metrics[0].history_misses == 0
     assert len(engine.history.rollouts(out.left_padded_prompt_tokens[0][3:].tolist())) == 4
 
     greedy = rollout_config(temperature=0.0)
@@ -158,12 +158,22 @@ def test_rollout_engine_samples_keeps_history_and_takes_new_weights():
     state = nnx.state(engine.model(), nnx.Param)
     engine.update_params(jax.tree.map(lambda x: x * 1.5, state), (nnx.Param,))
     after = engine.generate(prompts[:1], greedy)
-    assert not engine.metrics.compiled
+    assert not engine.compiled
     assert after.tokens[0].tolist() != before
     assert after.tokens[0].tolist() == reference_greedy(engine.model(), [1, 52, 46, 53, 64], 12)[: len(after.tokens[0])]
 
 
+def test_rollout_engine_in_calls_of_one_row_drafts_from_the_earlier_ones():
+    engine = JaxspecRollout(tiny_qwen2(), ByteTokenizer(), max_position=64, rows_per_call=1)
+    out = engine.generate(["1+2=", "1+2=", "3*4=", "3*4="], rollout_config())
+    assert len(out.tokens) == 4 and out.left_padded_prompt_tokens.shape == (4, 8)
+    assert [m.history_misses for m in engine.metrics] == [1, 0, 1, 0]  # a sibling's rollout is there
+    assert engine.calls == 4 and [m.compiled for m in engine.metrics] == [True, False, False, False]
+
+
 def test_rollout_engine_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match="rows_per_call"):
+        JaxspecRollout(tiny_qwen2(), ByteTokenizer(), rows_per_call=0)
     engine = JaxspecRollout(tiny_qwen2(), ByteTokenizer(), max_position=64)
     with pytest.raises(ValueError, match="max_prompt_length=8"):
         engine.generate(["a prompt longer than eight bytes"], rollout_config())
@@ -192,6 +202,6 @@ def test_tunix_grpo_learner_trains_with_jaxspec_rollouts():
     learner = grpo_learner.GRPOLearner(rl_cluster=cluster, reward_fns=reward,
                                        algo_config=grpo_learner.GRPOConfig(num_generations=4, beta=0.0))
     learner.train([{"prompts": np.array(["1+2=", "3*4="])} for _ in range(2)])
-    assert engine.calls == 2 and not engine.metrics.compiled  # step 2 reused step 1's program
+    assert engine.calls == 2 and not engine.compiled  # step 2 reused step 1's program
     moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()), engine.params, first)
     assert max(jax.tree.leaves(moved)) > 0  # the learner's update reached the rollout engine
