@@ -15,8 +15,8 @@ Tunix (``google-tunix`` on PyPI, JAX) chooses its rollout engine by ``ClusterCon
         rollout_config=base_rollout.RolloutConfig(temperature=1.0, max_tokens_to_generate=256, ...))
 
 The learner's actor (a Tunix ``nnx`` decoder: Qwen2, Qwen3, Gemma3) runs through
-``jaxspec.models.tunix.TunixTarget``; each ``generate`` is one ``jaxspec.generate`` call with the
-history drafter (``jaxspec.HistoryDrafter``: the row's own text, the other samples of its
+``jaxspec.models.tunix.TunixTarget``; each ``generate`` runs ``jaxspec.generate`` (one call, or
+calls of ``rows_per_call`` rows) with the history drafter (``jaxspec.HistoryDrafter``: the row's own text, the other samples of its
 prompt in the call, and the earlier rollouts of that prompt kept in a ``jaxspec.RolloutHistory``
 that the engine carries from call to call). Sampling is exact: the rollouts follow the
 actor's distribution as Tunix's own sampler's do (``jaxspec.acceptance``), so the learner's
@@ -30,7 +30,8 @@ Choices, where Tunix's samplers differ:
 - a prompt longer than ``RolloutConfig.max_prompt_length`` is refused (``ValueError``), not cut;
 - ``logits`` of the output are not returned (None: Tunix's learners read tokens and text);
 - sampled token ids exclude the EOS id that ended them, as Tunix's sampler returns them;
-- the seed of call k is ``RolloutConfig.seed`` (0 when None) plus k, so each step samples afresh.
+- the seed of jaxspec call k is ``RolloutConfig.seed`` (0 when None) plus k, so each step
+  samples afresh (Tunix's sampler reuses the seed, 0 when None, at every call).
 """
 
 from __future__ import annotations

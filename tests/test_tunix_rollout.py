@@ -124,6 +124,8 @@ def test_load_qwen2_gives_tunix_qwen2_jaxspecs_logits():
     np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(ref), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="use_tied_embedding"):
         load_qwen2(qwen2.Qwen2(dataclasses.replace(tcfg, use_tied_embedding=False), rngs=nnx.Rngs(1)), params, cfg)
+    with pytest.raises(ValueError, match="RoPE theta"):
+        load_qwen2(qwen2.Qwen2(dataclasses.replace(tcfg, rope_theta=500), rngs=nnx.Rngs(1)), params, cfg)
 
 
 def rollout_config(**kw):

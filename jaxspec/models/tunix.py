@@ -107,18 +107,19 @@ def load_qwen2(module: nnx.Module, params: dict, config) -> None:
     Tunix's config.
 
     Raises:
-      ValueError: ``config`` (a jaxspec ``ModelConfig``) is not a Qwen2 model, the sizes differ,
-        or the output heads are tied in one and not in the other.
+      ValueError: ``config`` (a jaxspec ``ModelConfig``) is not a Qwen2 model, the sizes, RoPE
+        theta or norm epsilon differ, or the output heads are tied in one and not in the other.
     """
     c = module.config
     if config.family != "qwen2":
         raise ValueError(f"load_qwen2 needs a qwen2 model, got family {config.family!r}")
     mine = (config.n_layers, config.vocab_size, config.dim, config.ffn_dim, config.n_heads, config.n_kv_heads,
-            config.head_dim)
-    theirs = (c.num_layers, c.vocab_size, c.embed_dim, c.hidden_dim, c.num_heads, c.num_kv_heads, c.head_dim)
+            config.head_dim, float(config.rope_theta), float(config.norm_eps))
+    theirs = (c.num_layers, c.vocab_size, c.embed_dim, c.hidden_dim, c.num_heads, c.num_kv_heads, c.head_dim,
+              float(c.rope_theta), float(c.norm_eps))
     if mine != theirs:
-        raise ValueError(f"sizes differ (layers, vocab, dim, ffn, heads, kv heads, head dim): jaxspec {mine}, "
-                         f"Tunix {theirs}")
+        raise ValueError(f"the models differ (layers, vocab, dim, ffn, heads, kv heads, head dim, RoPE theta, norm "
+                         f"eps): jaxspec {mine}, Tunix {theirs}")
     if bool(config.tie_embeddings) != bool(c.use_tied_embedding):
         raise ValueError(f"jaxspec's model has tie_embeddings={config.tie_embeddings}, Tunix's config "
                          f"use_tied_embedding={c.use_tied_embedding}: set them alike")
