@@ -2,7 +2,7 @@
 
 The policy is Tunix's ``Qwen2`` module (``tunix.models.qwen2``) holding the packaged
 Qwen2.5-Coder-0.5B-Instruct weights (``jaxspec.load``, written in by
-``jaxspec.models.tunix.load_qwen2``). Each epoch samples ``--group`` G answers to each of
+``jaxspec.models.tunix.qwen2_module``). Each epoch samples ``--group`` G answers to each of
 ``--prompts`` arithmetic problems (``examples/grpo_rollouts.py``'s, seeded, as chat turns) at
 temperature 1 in calls of ``--rows`` rows, every engine in turn, call by call (interleaved):
 
@@ -32,42 +32,6 @@ from benchmarks.bench_env import command, machine_info, result_stem, versions, w
 ENGINES = ("tunix", "plain", "history")
 
 
-class TunixTokenizer:
-    """jaxspec's tokenizer with the five methods Tunix's ``TokenizerAdapter`` asks of a custom
-    one; no BOS (Qwen's chat turns have none)."""
-
-    def __init__(self, tokenizer, eos_id: int, pad_id: int):
-        self.tok, self._eos, self._pad = tokenizer, eos_id, pad_id
-
-    def encode(self, text, **kw):
-        return self.tok.encode(text, add_bos=False)
-
-    def decode(self, ids, **kw):
-        return self.tok.decode(list(ids))
-
-    def bos_id(self):
-        return None
-
-    def eos_id(self):
-        return self._eos
-
-    def pad_id(self):
-        return self._pad
-
-
-def tunix_qwen2(model):
-    """Tunix's Qwen2 module holding ``model``'s weights (a ``jaxspec.Model`` of a Qwen2.5 0.5B)."""
-    from flax import nnx
-    from tunix.models.qwen2 import model as qwen2
-
-    from jaxspec.models.tunix import load_qwen2
-
-    cfg = dataclasses.replace(qwen2.ModelConfig.qwen2p5_coder_0p5b(), use_tied_embedding=model.config.tie_embeddings)
-    module = nnx.eval_shape(lambda: qwen2.Qwen2(cfg, rngs=nnx.Rngs(0)))  # shapes only: the weights are written in
-    load_qwen2(module, model.params, model.config)
-    return module
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -86,14 +50,15 @@ def main(argv=None) -> int:
     from tunix.rl.rollout import base_rollout
     from tunix.rl.rollout.vanilla_rollout import VanillaRollout
 
-    from jaxspec.tunix_rollout import JaxspecRollout
+    from jaxspec.models.tunix import qwen2_module
+    from jaxspec.tunix_rollout import JaxspecRollout, TunixTokenizer
 
     t_start = time.time()
     if args.rows % args.group and args.group % args.rows:
         raise SystemExit("--rows must be a multiple or a divisor of --group")
     model = jaxspec.load(args.model)
-    actor = tunix_qwen2(model)
-    tok = TunixTokenizer(model.tokenizer, eos_id=model.config.eos_ids[0], pad_id=model.config.bos_id)
+    actor = qwen2_module(model)
+    tok = TunixTokenizer.of(model)
     c = actor.config
     cache = base_rollout.CacheConfig(cache_size=args.max_prompt_length + args.max_new_tokens, num_layers=c.num_layers,
                                      num_kv_heads=c.num_kv_heads, head_dim=c.head_dim)

@@ -51,12 +51,49 @@ from jaxspec.models.tunix import TunixTarget
 from jaxspec.rollouts import PROMPT_TAIL, RolloutHistory
 
 
+class TunixTokenizer:
+    """A jaxspec ``Tokenizer`` with the five methods Tunix asks of a custom tokenizer
+    (``encode``, ``decode``, ``bos_id``, ``eos_id``, ``pad_id``: Tunix's ``TokenizerAdapter``).
+
+    ``TunixTokenizer.of(model)`` takes them from a ``jaxspec.Model``: ``encode`` adds no BOS and
+    ``bos_id`` is None where the model's prompts start without one (Qwen's chat turns);
+    ``eos_id`` is the model's first EOS id (Qwen's ``<|im_end|>``), ``pad_id`` its BOS id
+    (only Tunix's left padding of prompts reads it).
+    """
+
+    def __init__(self, tokenizer, *, eos_id: int, pad_id: int, bos_id: int | None = None):
+        self.tokenizer, self._eos, self._pad, self._bos = tokenizer, int(eos_id), int(pad_id), bos_id
+
+    @classmethod
+    def of(cls, model) -> TunixTokenizer:
+        """The adapter of a ``jaxspec.Model``'s tokenizer and ids."""
+        c, tok = model.config, model.tokenizer
+        adds_bos = bool(getattr(tok, "add_bos", False))
+        return cls(tok, eos_id=c.eos_ids[0], pad_id=c.bos_id, bos_id=c.bos_id if adds_bos else None)
+
+    def encode(self, text: str, **kw) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=False)
+
+    def decode(self, ids, **kw) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def bos_id(self):
+        return self._bos
+
+    def eos_id(self) -> int:
+        return self._eos
+
+    def pad_id(self) -> int:
+        return self._pad
+
+
 class JaxspecRollout(base_rollout.BaseRollout):
     """A Tunix rollout engine that generates with jaxspec (``jaxspec.generate``).
 
     Args:
       rollout_actor: the Tunix decoder (``nnx.Module``) whose rollouts are sampled.
-      tokenizer: Tunix's ``TokenizerAdapter`` (what ``RLCluster`` passes), or a tokenizer it wraps.
+      tokenizer: Tunix's ``TokenizerAdapter`` (what ``RLCluster`` passes), or a tokenizer it wraps
+        (a Hugging Face or SentencePiece one, or ``TunixTokenizer.of(jaxspec_model)``).
       mesh: a one-device mesh or None (a model split over several devices runs on jaxspec's
         own decoder only: ``jaxspec.generate(mesh=)``).
       rollout_config: unused at construction (each ``generate`` takes its own).
@@ -208,4 +245,4 @@ class JaxspecRollout(base_rollout.BaseRollout):
         return self.actor
 
 
-__all__ = ["JaxspecRollout", "TunixTarget"]
+__all__ = ["JaxspecRollout", "TunixTarget", "TunixTokenizer"]

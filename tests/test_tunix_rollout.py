@@ -8,6 +8,7 @@ which takes transformers back to 5.12): it runs in its own environment, which .c
 
 import dataclasses
 import functools
+import types
 
 import numpy as np
 import pytest
@@ -24,8 +25,8 @@ from tunix.rl.grpo import grpo_learner  # noqa: E402
 from tunix.rl.rollout import base_rollout  # noqa: E402
 
 import jaxspec  # noqa: E402
-from jaxspec.models.tunix import TunixTarget, load_qwen2  # noqa: E402
-from jaxspec.tunix_rollout import JaxspecRollout  # noqa: E402
+from jaxspec.models.tunix import TunixTarget, load_qwen2, qwen2_module  # noqa: E402
+from jaxspec.tunix_rollout import JaxspecRollout, TunixTokenizer  # noqa: E402
 
 VOCAB = 264  # bytes + 3 + 5 spare
 
@@ -124,8 +125,29 @@ def test_load_qwen2_gives_tunix_qwen2_jaxspecs_logits():
     np.testing.assert_allclose(np.asarray(logits[0]), np.asarray(ref), atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="use_tied_embedding"):
         load_qwen2(qwen2.Qwen2(dataclasses.replace(tcfg, use_tied_embedding=False), rngs=nnx.Rngs(1)), params, cfg)
+    built = qwen2_module(types.SimpleNamespace(config=cfg, params=params))  # the config derived, tied as cfg
+    logits2, _ = built(jnp.asarray([tokens]), jnp.arange(t)[None], None, jnp.tril(jnp.ones((1, t, t), bool)))
+    np.testing.assert_array_equal(np.asarray(logits2), np.asarray(logits))
     with pytest.raises(ValueError, match="RoPE theta"):
         load_qwen2(qwen2.Qwen2(dataclasses.replace(tcfg, rope_theta=500), rngs=nnx.Rngs(1)), params, cfg)
+
+
+def test_tunix_tokenizer_of_a_jaxspec_model():
+    class Tok:  # jaxspec's Tokenizer's encode/decode signature
+        add_bos = False
+
+        def encode(self, text, add_bos=None):
+            return ([9] if add_bos else []) + [ord(c) for c in text]
+
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    cfg = types.SimpleNamespace(eos_ids=(7, 8), bos_id=9)
+    tok = TunixTokenizer.of(types.SimpleNamespace(tokenizer=Tok(), config=cfg))
+    assert (tok.encode("ab"), tok.decode([104, 105]), tok.bos_id(), tok.eos_id(), tok.pad_id()) == \
+        ([97, 98], "hi", None, 7, 9)
+    Tok.add_bos = True  # a model whose prompts start with BOS: Tunix's sampler and the engine prepend it
+    assert TunixTokenizer.of(types.SimpleNamespace(tokenizer=Tok(), config=cfg)).bos_id() == 9
 
 
 def rollout_config(**kw):

@@ -122,7 +122,8 @@ def load_qwen2(module: nnx.Module, params: dict, config) -> None:
                          f"eps): jaxspec {mine}, Tunix {theirs}")
     if bool(config.tie_embeddings) != bool(c.use_tied_embedding):
         raise ValueError(f"jaxspec's model has tie_embeddings={config.tie_embeddings}, Tunix's config "
-                         f"use_tied_embedding={c.use_tied_embedding}: set them alike")
+                         f"use_tied_embedding={c.use_tied_embedding}: build the module with "
+                         f"dataclasses.replace(cfg, use_tied_embedding={bool(config.tie_embeddings)}), or use qwen2_module")
     h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.embed_dim
     params = layout.as_arrays(params)  # jaxspec's CPU panels back to [in, out] matrices
     pure = {"embedder": {"input_embedding": params["embed"]}, "final_norm": {"w": params["final_norm"]}, "layers": {}}
@@ -141,6 +142,28 @@ def load_qwen2(module: nnx.Module, params: dict, config) -> None:
     state = nnx.state(module)
     nnx.replace_by_pure_dict(state, pure)
     nnx.update(module, state)
+
+
+def qwen2_module(model) -> nnx.Module:
+    """Tunix's ``Qwen2`` holding a ``jaxspec.load``ed Qwen2's weights (``model``: a ``jaxspec.Model``,
+    e.g. ``jaxspec.load("qwen2.5-coder-0.5b")``, whose output head is untied).
+
+    The module's config is Tunix's of the same sizes (``tunix.models.qwen2.model.ModelConfig``),
+    with the output head tied or not as the checkpoint's; it is built with ``nnx.eval_shape``
+    (no random weights drawn first) and filled by ``load_qwen2``.
+
+    Raises:
+      ValueError: as ``load_qwen2``.
+    """
+    from tunix.models.qwen2 import model as qwen2
+
+    c = model.config
+    cfg = qwen2.ModelConfig(num_layers=c.n_layers, vocab_size=c.vocab_size, embed_dim=c.dim, hidden_dim=c.ffn_dim,
+                            num_heads=c.n_heads, head_dim=c.head_dim, num_kv_heads=c.n_kv_heads,
+                            rope_theta=int(c.rope_theta), norm_eps=c.norm_eps, use_tied_embedding=bool(c.tie_embeddings))
+    module = nnx.eval_shape(lambda: qwen2.Qwen2(cfg, rngs=nnx.Rngs(0)))
+    load_qwen2(module, model.params, c)
+    return module
 
 
 def _leaf(sown):
