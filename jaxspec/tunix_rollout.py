@@ -14,7 +14,7 @@ Tunix (``google-tunix`` on PyPI, JAX) chooses its rollout engine by ``ClusterCon
         rollout_engine=functools.partial(JaxspecRollout, max_position=32768),
         rollout_config=base_rollout.RolloutConfig(temperature=1.0, max_tokens_to_generate=256, ...))
 
-The learner's actor (a Tunix ``nnx`` decoder: Qwen2, Qwen3, Gemma3) runs through
+The learner's actor (a Tunix ``nnx`` decoder: Qwen2, Qwen3) runs through
 ``jaxspec.models.tunix.TunixTarget``; each ``generate`` runs ``jaxspec.generate`` (one call, or
 calls of ``rows_per_call`` rows) with the history drafter (``jaxspec.HistoryDrafter``: the row's own text, the other samples of its
 prompt in the call, and the earlier rollouts of that prompt kept in a ``jaxspec.RolloutHistory``

@@ -50,6 +50,16 @@ class ByteTokenizer:
         return 0
 
 
+def tiny_qwen3(scale: float = 4.0) -> nnx.Module:
+    """Tunix's Qwen3 (q/k norms) with 2 layers, scaled as ``tiny_qwen2``."""
+    from tunix.models.qwen3 import model as qwen3
+
+    cfg = qwen3.ModelConfig(num_layers=2, vocab_size=VOCAB, embed_dim=64, hidden_dim=128, num_heads=4, head_dim=16,
+                            num_kv_heads=2, rope_theta=10000, norm_eps=1e-6, use_tied_embedding=True)
+    graphdef, state = nnx.split(qwen3.Qwen3(cfg, rngs=nnx.Rngs(0)))
+    return nnx.merge(graphdef, jax.tree.map(lambda x: x * scale, state))
+
+
 def tiny_qwen2(scale: float = 4.0) -> nnx.Module:
     """Tunix's Qwen2 with 2 layers; weights scaled up so greedy text varies (at Tunix's init
     scale a 64-wide model repeats one token)."""
@@ -69,8 +79,9 @@ def reference_greedy(module, prompt, n):
     return seq[len(prompt):]
 
 
-def test_tunix_target_decodes_as_the_module_and_speculation_keeps_it():
-    module = tiny_qwen2()
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_tunix_target_decodes_as_the_module_and_speculation_keeps_it(family):
+    module = {"qwen2": tiny_qwen2, "qwen3": tiny_qwen3}[family]()
     target, params = TunixTarget.split(module, name="tiny-qwen2", max_position=256)
     rng = np.random.default_rng(0)
     prompts = [[int(x) for x in rng.integers(3, VOCAB, n)] for n in (12, 7)]
@@ -85,13 +96,18 @@ def test_tunix_target_decodes_as_the_module_and_speculation_keeps_it():
         assert spec.metrics.speculation is None
 
 
-def test_tunix_target_refuses_a_module_without_hidden_states():
+def test_tunix_target_refuses_what_it_cannot_run():
     class Plain(nnx.Module):
         def __call__(self, tokens, positions, cache, mask):
             return tokens, cache
 
     with pytest.raises(ValueError, match="output_hidden_states"):
         TunixTarget.split(Plain(), name="plain", max_position=8)
+    from tunix.models.gemma3 import model as gemma3
+
+    module = nnx.eval_shape(lambda: gemma3.Gemma3(gemma3.ModelConfig.gemma3_270m(), rngs=nnx.Rngs(0)))
+    with pytest.raises(ValueError, match="sliding-window"):
+        TunixTarget.split(module, name="gemma3", max_position=8)
 
 
 def test_load_qwen2_gives_tunix_qwen2_jaxspecs_logits():

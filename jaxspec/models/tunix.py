@@ -1,5 +1,5 @@
-"""Tunix's flax.nnx decoders (``google-tunix`` on PyPI: ``tunix.models.qwen2``, ``qwen3``,
-``gemma3``) as a target model (``jaxspec.models.target``).
+"""Tunix's flax.nnx decoders (``google-tunix`` on PyPI: ``tunix.models.qwen2``, ``qwen3``) as a
+target model (``jaxspec.models.target``).
 
     from tunix.models.qwen2 import model as qwen2
     from jaxspec.models.tunix import TunixTarget
@@ -56,12 +56,17 @@ class TunixTarget(_MaskedForward):
         """``(TunixTarget, params)`` of ``module``; the vocabulary size is its config's.
 
         Raises:
-          ValueError: a module whose ``__call__`` cannot return its final hidden states
-            (no ``output_hidden_states`` argument: Tunix's qwen2, qwen3 and gemma3 have it).
+          ValueError: a module whose ``__call__`` cannot return its final hidden states (no
+            ``output_hidden_states`` argument: Tunix's qwen2 and qwen3 have it), or with
+            sliding-window layers (Tunix's gemma3: its band assumes a prefill from slot 0).
         """
         if "output_hidden_states" not in inspect.signature(type(module).__call__).parameters:
             raise ValueError(f"{type(module).__name__}.__call__ has no output_hidden_states argument: TunixTarget "
-                             "reads the final hidden states the module sows (Tunix's Qwen2, Qwen3, Gemma3)")
+                             "reads the final hidden states the module sows (Tunix's Qwen2, Qwen3)")
+        if getattr(module.config, "sliding_window_size", None) is not None:
+            raise ValueError(f"{type(module).__name__} has sliding-window layers, whose band Tunix builds from the "
+                             "query's index in the call (right for a prefill from slot 0, not for a verify window "
+                             "later in the text): TunixTarget runs Tunix's Qwen2 and Qwen3")
         graphdef, params = nnx.split(module)
         return cls(graphdef, graph_id=id(graphdef), name=name, vocab_size=int(module.config.vocab_size), max_position=int(max_position),
                    bos_id=int(bos_id), eos_ids=tuple(int(e) for e in eos_ids)), params
