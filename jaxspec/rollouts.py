@@ -64,7 +64,7 @@ class RolloutHistory:
 
     def rollouts(self, prompt: Sequence[int]) -> list[list[int]]:
         """The outputs held for ``prompt`` (token ids), newest first (cut to ``max_tokens``)."""
-        return [r[start:].tolist() for r, start in self.entries.get(tuple(int(t) for t in prompt), ())]
+        return [r[start:].tolist() for r, start in self.entries.get(_key(prompt), ())]
 
     def add(self, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]]) -> "RolloutHistory":
         """The history with one rollout per row added: ``outputs[i]`` sampled after
@@ -81,7 +81,7 @@ class RolloutHistory:
         self.check_rows(prompts)
         new: dict[tuple[int, ...], list] = {}
         for p, out in zip(prompts, outputs):
-            key = tuple(int(t) for t in p)
+            key = _key(p)
             ids = np.asarray(list(out), np.int64)
             if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
                 raise ValueError(f"a rollout holds token id {int(ids.max() if ids.max() >= self.vocab_size else ids.min())} "
@@ -97,7 +97,7 @@ class RolloutHistory:
     def check_rows(self, prompts: Sequence[Sequence[int]]) -> None:
         """Raise ``ValueError`` when more rows than ``capacity`` sample one prompt: adding their
         rollouts would evict some of them (``generate`` checks before it runs)."""
-        counts = collections.Counter(tuple(int(t) for t in p) for p in prompts)
+        counts = collections.Counter(_key(p) for p in prompts)
         most = max(counts.values(), default=0)
         if most > self.capacity:
             raise ValueError(f"this call samples {most} rollouts of one prompt but the history keeps "
@@ -105,7 +105,7 @@ class RolloutHistory:
 
     def misses(self, prompts: Sequence[Sequence[int]]) -> int:
         """How many of ``prompts`` (one per row) have no rollout held."""
-        return sum(tuple(int(t) for t in p) not in self.entries for p in prompts)
+        return sum(_key(p) not in self.entries for p in prompts)
 
     def rows(self, prompts: Sequence[Sequence[int]], batch: int) -> HistoryRows:
         """``HistoryRows`` of ``batch`` rows: row i gets its prompt's rollouts, newest first;
@@ -114,8 +114,13 @@ class RolloutHistory:
         lens = np.zeros((batch, self.capacity), np.int32)
         starts = np.zeros((batch, self.capacity), np.int32)
         for i, p in enumerate(prompts):
-            held = self.entries.get(tuple(int(t) for t in p), ())
+            held = self.entries.get(_key(p), ())
             for h, (text, start) in enumerate(held):
                 tokens[i, h, : len(text)] = text
                 lens[i, h], starts[i, h] = len(text), start
         return HistoryRows(tokens, lens, starts)
+
+
+def _key(prompt: Sequence[int]) -> tuple[int, ...]:
+    """A prompt's token ids as the history's key."""
+    return tuple(int(t) for t in prompt)

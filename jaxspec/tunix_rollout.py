@@ -173,10 +173,11 @@ class JaxspecRollout(base_rollout.BaseRollout):
             self.history = RolloutHistory(vocab_size=self.target.vocab_size, capacity=self.history_capacity,
                                           max_tokens=rc.max_tokens_to_generate + PROMPT_TAIL)
         per_call = self.rows_per_call or len(ids)
+        params = self.params  # placed once per generate: every call of it samples the same weights
         self.metrics, tokens, logprobs = [], [], []
         for start in range(0, len(ids), per_call):
             res = api.generate(
-                self.params, ids[start : start + per_call], config=self.target, drafter=self.drafter,
+                params, ids[start : start + per_call], config=self.target, drafter=self.drafter,
                 drafter_params=self.history if uses_history else None,
                 max_len=rc.max_prompt_length + rc.max_tokens_to_generate, max_new_tokens=rc.max_tokens_to_generate,
                 temperature=float(rc.temperature), top_p=1.0 if rc.top_p is None else float(rc.top_p),

@@ -68,8 +68,8 @@ class TunixTarget(_MaskedForward):
                              "query's index in the call (right for a prefill from slot 0, not for a verify window "
                              "later in the text): TunixTarget runs Tunix's Qwen2 and Qwen3")
         graphdef, params = nnx.split(module)
-        return cls(graphdef, graph_id=id(graphdef), name=name, vocab_size=int(module.config.vocab_size), max_position=int(max_position),
-                   bos_id=int(bos_id), eos_ids=tuple(int(e) for e in eos_ids)), params
+        return cls(graphdef, graph_id=id(graphdef), name=name, vocab_size=int(module.config.vocab_size),
+                   max_position=int(max_position), bos_id=int(bos_id), eos_ids=tuple(int(e) for e in eos_ids)), params
 
     def apply(self, params, tokens, positions, cache, write_at, mask):
         module = nnx.merge(self.graphdef, params)
