@@ -12,7 +12,10 @@ Methods:
 - ``own``: ``HistoryDrafter`` over the row's own text only (no siblings, no history);
 - ``siblings``: own text and the call's sibling rows;
 - ``history``: own text, siblings and every earlier rollout of the prompt (a ``RolloutHistory``
-  per method, fed by that method's own rollouts; the current epoch's earlier calls included).
+  per method, fed by that method's own rollouts; the current epoch's earlier calls included);
+- ``draft``: the ``--draft`` model's sampled chain (``ModelDrafter(gamma=4)``);
+- ``history+draft``: ``history`` where it finds a match, the ``--draft`` model's chain where it
+  does not (``HybridDrafter``).
 
 Per epoch and method: tau, target passes over all rows, the makespan in target passes (per
 call its slowest row's, summed over the calls: what a synchronous step waits for), run
@@ -21,6 +24,7 @@ policy is off (``disable_by_batch_size=None``) so every method speculates at eve
 
     python -m benchmarks.rollouts [--model qwen2.5-coder-0.5b] [--prompts 4] [--group 8]
         [--rows 8] [--epochs 3] [--max-new-tokens 128] [--methods plain,ngram,siblings,history]
+        [--draft qwen2.5-coder-0.5b]  (for the draft and history+draft methods, e.g. with --model qwen2.5-coder-1.5b)
 """
 
 from __future__ import annotations
@@ -30,13 +34,16 @@ import time
 
 from benchmarks.bench_env import command, machine_info, median, result_stem, versions, write_record
 
-METHODS = ("plain", "ngram", "own", "siblings", "history")
+METHODS = ("plain", "ngram", "own", "siblings", "history", "draft", "history+draft")
 
 
-def drafter_of(method: str):
-    """The method's drafter (None for plain)."""
+def drafter_of(method: str, draft=None):
+    """The method's drafter (None for plain); ``draft``: the draft ``Model`` of the draft methods."""
     import jaxspec
 
+    if method in ("draft", "history+draft"):
+        model = jaxspec.ModelDrafter(draft.config, gamma=4)
+        return model if method == "draft" else jaxspec.HybridDrafter(jaxspec.HistoryDrafter(), model)
     return {"plain": None, "ngram": jaxspec.NGramDrafter(gamma=4), "own": jaxspec.HistoryDrafter(siblings=0),
             "siblings": jaxspec.HistoryDrafter(), "history": jaxspec.HistoryDrafter()}[method]
 
@@ -51,6 +58,7 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--methods", default="plain,ngram,siblings,history")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="the draft model of the draft methods")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
@@ -65,6 +73,7 @@ def main(argv=None) -> int:
     if args.rows % args.group and args.group % args.rows:
         raise SystemExit("--rows must be a multiple or a divisor of --group")
     model = jaxspec.load(args.model, dtype=args.dtype)
+    draft = jaxspec.load(args.draft, dtype=args.dtype) if {"draft", "history+draft"} & set(methods) else None
     questions = [t["question"] for t in problems(args.prompts, args.seed)]
     # the rows in order, prompt-major; a call takes --rows of them (as prompts x n when it can)
     rows = [q for q in questions for _ in range(args.group)]
@@ -80,14 +89,14 @@ def main(argv=None) -> int:
             for m in methods:
                 kw = dict(chat=True, temperature=1.0, max_new_tokens=args.max_new_tokens, disable_by_batch_size=None,
                           disable_by_acceptance=None, seed=(epoch * len(calls) + c) * 1000)
-                d = drafter_of(m)
+                d = drafter_of(m, draft)
                 extra = {"drafter": d} if d is not None else {}
-                if m == "history":
-                    extra["drafter_params"] = histories[m]
+                extra["drafter_params"] = {"history": histories[m], "draft": draft,
+                                           "history+draft": (histories[m], draft)}.get(m)
                 res = jaxspec.generate(model, call, **kw, **extra)
                 if res.metrics.compiled:  # time the program, not its compile: run the call again
                     res = jaxspec.generate(model, call, **kw, **extra)
-                if m == "history":
+                if res.history is not None:
                     histories[m] = res.history
                 s, met = stats[m], res.metrics
                 s["passes"] += int(met.target_forwards.sum())
@@ -111,12 +120,13 @@ def main(argv=None) -> int:
                    "makespan_ratio_last_epoch": epochs[-1][m]["makespan_ratio"],
                    "passes_ratio_last_epoch": epochs[-1][m]["passes_ratio"],
                    "median_speedup": median([e[m]["speedup"] for e in epochs])} for m in methods}
-    record = {"benchmark": "rollouts", "model": args.model, "dtype": args.dtype, "prompts": args.prompts,
+    record = {"benchmark": "rollouts", "model": args.model, "draft": draft and args.draft, "dtype": args.dtype,
+              "prompts": args.prompts,
               "group": args.group, "rows_per_call": args.rows, "epochs": args.epochs, "temperature": 1.0,
               "max_new_tokens": args.max_new_tokens, "methods": methods, "summary": summary, "per_epoch": epochs,
               "machine": machine_info(), "versions": versions(), "command": command(argv),
               "elapsed_s": time.time() - t_start}
-    variant = f"{args.model}-{args.dtype}-g{args.group}-rows{args.rows}"
+    variant = f"{args.model}-{args.dtype}-g{args.group}-rows{args.rows}" + (f"-draft-{args.draft}" if draft else "")
     write_record(record, args.out or result_stem("rollouts", variant) + ".json")
     return 0
 

@@ -18,8 +18,8 @@ from jaxspec.api import Model, default_dtype, generate, load
 from jaxspec.checkpoints.heads import load_eagle_head, load_medusa_heads, shipped_head
 from jaxspec.checkpoints.pairing import check_pair
 from jaxspec.config import ModelConfig, SamplingConfig
-from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, GrammarDrafter, HistoryDrafter, LookaheadDrafter, MedusaDrafter,
-                              ModelDrafter, NGramDrafter, RepeatDrafter)
+from jaxspec.drafters import (EagleDrafter, EarlyExitDrafter, GrammarDrafter, HistoryDrafter, HybridDrafter,
+                              LookaheadDrafter, MedusaDrafter, ModelDrafter, NGramDrafter, RepeatDrafter)
 from jaxspec.metrics import Metrics
 from jaxspec.result import GenerationResult
 from jaxspec.rollouts import RolloutHistory
@@ -32,6 +32,7 @@ __all__ = [
     "GenerationResult",
     "GrammarDrafter",
     "HistoryDrafter",
+    "HybridDrafter",
     "LookaheadDrafter",
     "MedusaDrafter",
     "Metrics",

@@ -309,6 +309,8 @@ def _draft_params(model, drafter, drafter_params):
     if drafter is None and drafter_params is not None:
         raise ValueError("drafter_params given without a drafter: pass the drafter they belong to "
                          "(e.g. drafter=jaxspec.ModelDrafter(draft.config)), or drop them for plain decoding")
+    if getattr(drafter, "kind", None) == "hybrid" and isinstance(drafter_params, tuple) and len(drafter_params) == 2:
+        return (drafter_params[0], _draft_params(model, drafter.fallback, drafter_params[1]))
     if not isinstance(drafter_params, Model):
         return drafter_params
     pair = (id(model), id(drafter_params))
@@ -317,6 +319,25 @@ def _draft_params(model, drafter, drafter_params):
         check_pair(model, drafter_params)  # vocabulary, BOS/EOS and every token's string
         _PAIRED[pair] = (weakref.ref(model), weakref.ref(drafter_params))
     return drafter_params.params
+
+
+def _history(drafter_params) -> rollouts.RolloutHistory | None:
+    """The ``RolloutHistory`` given as ``drafter_params``: a ``HistoryDrafter``'s, or the first
+    of a ``HybridDrafter``'s pair; else None."""
+    if isinstance(drafter_params, tuple) and len(drafter_params) == 2:
+        drafter_params = drafter_params[0]
+    return drafter_params if isinstance(drafter_params, rollouts.RolloutHistory) else None
+
+
+def _with_history(drafter_params, rows):
+    """``drafter_params`` with its history replaced by ``rows`` (``_history``'s place)."""
+    return (rows, drafter_params[1]) if isinstance(drafter_params, tuple) else rows
+
+
+def _history_drafter(drafter):
+    """The ``HistoryDrafter`` that reads a history: ``drafter`` itself or a hybrid's first; else None."""
+    drafter = getattr(drafter, "first", drafter) if getattr(drafter, "kind", None) == "hybrid" else drafter
+    return drafter if getattr(drafter, "kind", None) == "history" else None
 
 
 def _check_max_len(max_len, config, allow_long_context: bool) -> None:
@@ -359,9 +380,9 @@ def _check(model, sampling, settings: dict, config, tokenizer, drafter, drafter_
     synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
     if getattr(drafter, "kind", None) == "grammar" and sc.regex is None and sc.response_format is None:
         raise ValueError("GrammarDrafter drafts the tokens a grammar forces: give regex= or response_format=")
-    if isinstance(drafter_params, rollouts.RolloutHistory) and getattr(drafter, "kind", None) != "history":
-        raise ValueError("a jaxspec.RolloutHistory is the drafter_params of a jaxspec.HistoryDrafter, got the drafter "
-                         f"{type(drafter).__name__}")
+    if _history(drafter_params) is not None and _history_drafter(drafter) is None:
+        raise ValueError("a jaxspec.RolloutHistory is the drafter_params of a jaxspec.HistoryDrafter (or the first "
+                         f"part of a HybridDrafter's pair whose first drafter is one), got the drafter {drafter!r:.120}")
     if synthetic_acceptance is not None and (sc.regex is not None or sc.response_format is not None):
         raise ValueError("regex= and response_format= cannot run with synthetic_acceptance, which emits the "
                          "drafter's tokens unverified")
@@ -381,7 +402,7 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
         drafter = drafter_params = gate_tau = None
     if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
         gate_tau = None
-    history = call.drafter_params if isinstance(call.drafter_params, rollouts.RolloutHistory) else None
+    history = _history(call.drafter_params)
     if history is not None:
         history.check_rows(req.rows)  # before the run: the call's rollouts must fit the history
     misses = None if history is None else history.misses(req.rows)  # counted even when the policy decodes plainly
@@ -389,7 +410,10 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
     if mesh is not None:
         from jaxspec import sharding
 
-        if isinstance(drafter_params, rollouts.RolloutHistory):
+        if getattr(drafter, "kind", None) == "hybrid":
+            raise ValueError("HybridDrafter runs without mesh= (its pair of params is not placed on a mesh yet): "
+                             "run its fallback draft model alone under a mesh")
+        if history is not None:
             raise ValueError("a RolloutHistory runs without mesh= (its rows are not placed over the data axis yet): "
                              "run HistoryDrafter under a mesh with drafter_params=None (siblings only)")
         if not isinstance(call.config, ModelConfig):
@@ -401,8 +425,8 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
     if plan is None and drafter is not None:
         drafter_params = drafter.select_params(params, layout.for_run(drafter_params, getattr(drafter, "config", None)))
     shapes = request.buckets(req, engine.window(drafter, call.min_pass_tokens), 1 if plan is None else plan.data)
-    if isinstance(drafter_params, rollouts.RolloutHistory):  # the one drafter input that depends on the rows
-        drafter_params = drafter_params.rows(req.rows, shapes.batch)
+    if history is not None and drafter is not None:  # the one drafter input that depends on the rows
+        drafter_params = _with_history(drafter_params, history.rows(req.rows, shapes.batch))
     sc = call.sampling
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     rule = acceptance.EXACT if synthetic_acceptance is None else synthetic.SYNTHETIC
@@ -556,8 +580,8 @@ def generate(
     out, compile_s, run_s = _run(setup.program, params, drafter_params, inputs)
     res = result.make(out.rows(len(req.rows)), req, setup.program.gamma, call.tokenizer, compile_s or 0.0, run_s,
                       synthetic_acceptance, setup.speculation, setup.gate_tau)
-    history = call.drafter_params.add(req.rows, res.tokens) if isinstance(call.drafter_params,
-                                                                          rollouts.RolloutHistory) else None
+    history = _history(call.drafter_params)
+    history = None if history is None else history.add(req.rows, res.tokens)
     host_s = time.perf_counter() - t_call - (compile_s or 0.0) - run_s
     metrics = dataclasses.replace(res.metrics, compiled=compile_s is not None, host_s=host_s,
                                   history_misses=setup.history_misses)

@@ -336,6 +336,10 @@ def _drafter(kind: str, gamma: int, models):
     if kind in ("history", "history_peeking"):  # own text, 3 sibling rows (every row has PROMPT), earlier rollouts
         cls = PeekingHistory if kind == "history_peeking" else HistoryDrafter
         return cls(gamma=gamma, tree_nodes=7, max_n=2, min_n=1, siblings=3), EARLIER
+    if kind == "hybrid":  # the history's tree where a bigram matches, the draft model's sampled chain elsewhere
+        first = HistoryDrafter(gamma=gamma, tree_nodes=5, max_n=2, min_n=2, siblings=3)
+        return jaxspec.HybridDrafter(first, jaxspec.ModelDrafter(DRAFT, gamma=gamma, confidence=0.0)), \
+            (EARLIER, models["draft"])
     raise ValueError(kind)
 
 
@@ -359,7 +363,7 @@ class SampledSiblings(jaxspec.ModelDrafter):
         from jaxspec.sampling import fold_rows
         from jaxspec.tree import Proposal
 
-        logits, cache = self._read_newest(params, state.cache, context)
+        logits, cache = self.read(params, state.cache, context)
         q = processed_probs(logits, context.sampling, context.history)
         tokens = jnp.stack([sample(fold_rows(context.keys, i), q) for i in range(SIBLINGS)], axis=1)
         b = tokens.shape[0]
@@ -375,8 +379,11 @@ def _sample_counts(models, inputs_factory, kind, gamma, settings, seed, n=N, fre
     """Counts ``[V ** 3]`` of the continuations of ``n`` rows, and the fractions of rows that
     accepted at least one draft and that rejected at least one."""
     drafter, dparams = _drafter(kind, gamma, models)
+    rows = lambda h: jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (n, *x.shape[1:])), h)  # noqa: E731
     if isinstance(dparams, HistoryRows):  # one row's earlier rollouts, for every row
-        dparams = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (n, *x.shape[1:])), dparams)
+        dparams = rows(dparams)
+    elif isinstance(dparams, tuple) and isinstance(dparams[0], HistoryRows):  # a hybrid's
+        dparams = (rows(dparams[0]), dparams[1])
     inputs = inputs_factory([PROMPT] * n, max_new_tokens=N_NEW, seed=seed, vocab_size=V, **settings)
     state = jax.device_get(_program(drafter, fresh)(models["target"], dparams, inputs))
     lp = len(PROMPT)
@@ -489,13 +496,16 @@ CASES += [("model_confident", 4, "T=1"), ("model_confident", 4, "penalties")]
 # The rollout-history drafter: its drafts come from sibling rows, themselves random (and from
 # earlier rollouts): a chain-deep tree at T = 1 (the RL setting) and with penalties.
 CASES += [("history", 3, "T=1"), ("history", 2, "penalties"), ("history", 3, "T=0.7")]
+# The history where it matches and a draft model's sampled chain (with q) where it does not, in
+# one window: one-hot q for the history's nodes beside the model's q.
+CASES += [("hybrid", 3, "T=1"), ("hybrid", 2, "penalties")]
 
 
 # CI: every drafter kind once, every setting at least once, both gammas of the chains.
 CI_CASES = [("model", 4, "T=1"), ("model", 1, "penalties"), ("ngram", 4, "T=1.5"), ("ngram", 1, "min_p=0.1"),
             ("early_exit", 4, "top_k=3"), ("early_exit", 1, "top_p=0.8"), ("ngram_tree", 2, "T=1"),
             ("model_tree", 2, "penalties"), ("early_exit_tree", 2, "top_p=0.8"), ("sampled_siblings", 1, "T=0.7"),
-            ("eagle", 4, "penalties"), ("history", 3, "T=1")]
+            ("eagle", 4, "penalties"), ("history", 3, "T=1"), ("hybrid", 3, "T=1")]
 
 
 @pytest.mark.parametrize("kind,gamma,name", core(CASES, CI_CASES))
@@ -878,3 +888,18 @@ def test_grammar_mask_of_the_step_start_is_detected(models, inputs_factory, monk
                                 fresh=True)
     p_value, info = _check(counts, _grammar_exact(SETTINGS["T=1"]), "grammar: one mask per window", max_tv=None)
     assert p_value < ALPHA, f"the harness did not detect a window masked with the step's first state: {info}"
+
+
+def test_hybrid_with_the_model_q_on_lookup_nodes_is_detected(models, inputs_factory, monkeypatch, clean_compile_caches):
+    """A hybrid's window mixes rows of deterministic lookup nodes (q one-hot on the node's
+    token) with rows of the draft model's sampled chain (its q). Giving the lookup nodes a
+    q they were not drawn from (here uniform over the vocabulary: accepted with min(1, V p)
+    instead of p) is rejected by the same test that the hybrid passes."""
+    from jaxspec.drafters import hybrid
+
+    monkeypatch.setattr(hybrid, "_q", lambda proposal, vocab: jnp.full(proposal.tokens.shape + (vocab,), 1.0 / vocab)
+                        if proposal.q is None else proposal.q)
+    counts, _ = _sample_counts(models, inputs_factory, "hybrid", 3, SETTINGS["T=1"], seed=SEED_STRIDE * 27,
+                               n=N_DETECT, fresh=True)
+    p_value, info = _check(counts, _exact_probs(SETTINGS["T=1"]), "hybrid, uniform q on lookup nodes", max_tv=None)
+    assert p_value < ALPHA, f"the harness did not detect a wrong q on the lookup nodes: {info}"

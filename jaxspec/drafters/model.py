@@ -201,17 +201,27 @@ class _DraftModel:
         out = models.forward(params, self.config, prompt, positions, cache, head=False, visible_slots=prompt.shape[1])
         return DraftState(out.cache, jnp.zeros((prompt.shape[0], self.n_nodes), jnp.int32))
 
-    def _read_newest(self, params, cache, context):
-        positions = (context.seq_lens - 2)[:, None] + jnp.arange(2, dtype=jnp.int32)[None]
+    def read(self, params, cache: KVCache, context, newest: int = 2) -> tuple[jax.Array, KVCache]:
+        """``(logits [B, V] after the root, cache)`` once the draft model has read the
+        ``newest`` newest tokens (positions ``seq_len - newest .. seq_len - 1``; clipped at 0)
+        into ``cache``, in place. ``propose`` reads 2 (module docstring); a drafter that did
+        not draft every step reads every token since its last read
+        (``jaxspec.drafters.hybrid``)."""
+        positions = jnp.maximum((context.seq_lens - newest)[:, None] + jnp.arange(newest, dtype=jnp.int32)[None], 0)
         out = models.forward(params, self.config, jnp.take_along_axis(context.tokens, positions, axis=1), positions,
                              cache)
         return out.logits[:, -1], out.cache
 
-    def propose(self, params, state: DraftState, context):
-        logits, cache = self._read_newest(params, state.cache, context)
+    def draft(self, params, cache: KVCache, logits: jax.Array, context) -> tuple[DraftState, Proposal]:
+        """``(state, proposal)``: the chain or tree drafted after the root, whose ``logits``
+        ``[B, V]`` ``read`` gave."""
         if self.tree_nodes:
             return self._tree(params, cache, logits, context)
         return self._chain(params, cache, logits, context)
+
+    def propose(self, params, state: DraftState, context):
+        logits, cache = self.read(params, state.cache, context)
+        return self.draft(params, cache, logits, context)
 
     def _chain(self, params, cache, logits, context):
         cfg = self.config

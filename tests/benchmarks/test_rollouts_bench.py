@@ -4,12 +4,18 @@ import json
 
 import pytest
 
+import jaxspec
+
 from benchmarks import rollouts
 
 
 def test_methods():
     assert rollouts.drafter_of("plain") is None
     assert rollouts.drafter_of("own").siblings == 0 and rollouts.drafter_of("history").kind == "history"
+    draft = type("Draft", (), {"config": jaxspec.ModelConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2,
+                                                              n_kv_heads=1, head_dim=8, ffn_dim=32, name="d")})
+    hybrid = rollouts.drafter_of("history+draft", draft)
+    assert hybrid.kind == "hybrid" and hybrid.first.kind == "history" and hybrid.fallback.gamma == 4
     with pytest.raises(SystemExit, match="must start with plain"):
         rollouts.main(["--methods", "history,plain"])
 

@@ -1,0 +1,170 @@
+"""A weightless drafter where it finds something to draft, a draft model where it does not.
+
+Lookup drafters (rollout history, prompt lookup) draft long, cheap and well where the text
+repeats what they have seen, and nothing elsewhere; a draft model drafts everywhere, at the
+cost of its forwards. ``HybridDrafter`` takes each row's proposal from ``first`` where that
+proposes any node, and from ``fallback``, a draft model, where ``first`` abstains: the
+hybrid of SuffixDecoding (Oliaro et al. 2024, arXiv 2411.04975, Sec. 4.3: suffix
+speculation where its tree scores, a model drafter elsewhere), and of DAS's rollouts with a
+draft model (Shao et al. 2025, arXiv 2511.13841).
+
+The draft model has to read every token the text gained, drafted by it or not: a step that
+``first`` drafted emits up to ``first.gamma + 1`` tokens the draft model never saw. So each
+``propose`` starts with the draft model reading the ``gamma + 1`` newest tokens (its
+``read`` with ``newest=gamma + 1``: every token emitted since its previous read, plus the
+root), writing them in place, whoever drafted them; its own ``commit`` is not needed. When
+every row takes ``first``'s proposal, the draft model's drafting is skipped (``lax.cond``):
+such a step costs the draft model one read.
+
+Lossless at any temperature: which drafter a row takes is a function of its committed text,
+and each drafter's nodes carry what acceptance needs (q for a draft model's sampled chains;
+a deterministic node is the one-hot q of its token, ``jaxspec.acceptance``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec import grammar
+from jaxspec.config import ModelConfig
+from jaxspec.drafters.base import Capabilities
+from jaxspec.drafters.model import DraftState, _DraftModel
+from jaxspec.models import layout
+from jaxspec.tree import Proposal
+
+
+def _pad(proposal: Proposal, n: int) -> Proposal:
+    """``proposal`` with invalid nodes appended up to ``n`` (its valid nodes stay first)."""
+    k = n - proposal.n_nodes
+    if not k:
+        return proposal
+    pad = lambda x, v=0: jnp.pad(x, ((0, 0), (0, k)) + ((0, 0),) * (x.ndim - 2), constant_values=v)  # noqa: E731
+    return Proposal(pad(proposal.tokens), pad(proposal.parents, -1), pad(proposal.valid, False),
+                    None if proposal.q is None else pad(proposal.q))
+
+
+def _q(proposal: Proposal, vocab: int) -> jax.Array:
+    """The proposal's q ``[B, N, V]``: its own, or the one-hot of each node's token."""
+    return jax.nn.one_hot(proposal.tokens, vocab, dtype=jnp.float32) if proposal.q is None else proposal.q
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridDrafter:
+    """``first``'s proposal in the rows where it proposes a node, ``fallback``'s elsewhere.
+
+    Attributes:
+      first: a drafter that abstains (``capabilities.abstains``) and reads no layer of the
+        target: ``HistoryDrafter``, ``NGramDrafter``, ``LookaheadDrafter`` or ``GrammarDrafter``.
+      fallback: a ``ModelDrafter`` or ``EarlyExitDrafter``, chain or tree.
+
+    ``gamma`` and ``n_nodes`` are the larger of the two drafters'. Params: the pair
+    ``(first's params, fallback's params)`` given as ``drafter_params``, e.g.
+    ``(jaxspec.RolloutHistory(...), draft.params)`` or ``(None, draft)`` (a draft ``Model``
+    is checked against the target as for ``ModelDrafter``). Verified at the widths of either
+    drafter's proposals (``first``'s widths, ``fallback.gamma`` and ``fallback.n_nodes``);
+    a confident chain of the fallback that stops early is verified at ``fallback.gamma``.
+    Under a grammar, when either drafter carries q, ``first``'s nodes take the grammar's
+    forced tokens in their tokenizer spelling (``jaxspec.grammar.constrain``).
+
+    Raises:
+      ValueError: at construction, a ``first`` that never abstains or reads the target's
+        layers, or a ``fallback`` that is not a draft model; at ``validate``, params that are
+        not a pair, or either part's own errors.
+    """
+
+    first: Any
+    fallback: Any
+    kind = "hybrid"  # class attribute, not a field: the registry's and the policy's name
+
+    def __post_init__(self):
+        caps = getattr(self.first, "capabilities", None)
+        if caps is None or not caps.abstains or caps.capture or isinstance(self.first, _DraftModel):
+            raise ValueError(f"HybridDrafter's first drafter must abstain where it finds nothing and read no layer of "
+                             f"the target (HistoryDrafter, NGramDrafter, LookaheadDrafter, GrammarDrafter), got "
+                             f"{self.first!r:.120}")
+        if not isinstance(self.fallback, _DraftModel):
+            raise ValueError(f"HybridDrafter's fallback must be a ModelDrafter or EarlyExitDrafter, got "
+                             f"{self.fallback!r:.120}")
+
+    @property
+    def gamma(self) -> int:
+        """The deeper of the two drafters' gamma."""
+        return max(self.first.gamma, self.fallback.gamma)
+
+    @property
+    def n_nodes(self) -> int:
+        """N: the larger node budget of the two."""
+        return max(self.first.n_nodes, self.fallback.n_nodes)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Abstains (``first`` may, and the fallback's confident chains may stop); verified at
+        either drafter's widths."""
+        f = self.first
+        widths = {f.gamma, f.n_nodes, *f.capabilities.verify_widths, self.fallback.gamma, self.fallback.n_nodes}
+        return Capabilities(abstains=True, shares_target_weights=self.fallback.capabilities.shares_target_weights,
+                            verify_widths=tuple(sorted(w for w in widths if w < self.n_nodes)))
+
+    def localized(self, model_shards: int):
+        """Raise ``ValueError``: a hybrid runs without a mesh."""
+        raise ValueError("HybridDrafter runs without mesh=")
+
+    def select_params(self, target_params, drafter_params):
+        """``(first's, fallback's)``, each as its drafter runs on them (a draft model's matrices
+        laid out for the CPU kernel, as ``generate`` lays out a ``ModelDrafter``'s)."""
+        p0, p1 = drafter_params
+        p1 = layout.for_run(p1, self.fallback.config) if p1 is not None else None
+        return (self.first.select_params(target_params, p0), self.fallback.select_params(target_params, p1))
+
+    def validate(self, target_config: ModelConfig, drafter_params) -> None:
+        """Raise ``ValueError`` unless the params are a pair that each drafter takes."""
+        if not isinstance(drafter_params, tuple) or len(drafter_params) != 2:
+            raise ValueError("HybridDrafter's drafter_params must be the pair (first's params, fallback's params), "
+                             f"e.g. (None, draft.params); got a {type(drafter_params).__name__}")
+        self.first.validate(target_config, drafter_params[0])
+        self.fallback.validate(target_config, drafter_params[1])
+
+    def init(self, params, prefill, max_len):
+        """Both drafters' states."""
+        return (self.first.init(params[0], prefill, max_len), self.fallback.init(params[1], prefill, max_len))
+
+    def propose(self, params, state, context):
+        """Each row's proposal: ``first``'s where it has a valid node, else the fallback's,
+        after the fallback read the ``gamma + 1`` newest tokens (module docstring)."""
+        (p0, p1), (s0, s1) = params, state
+        s0, mine = self.first.propose(p0, s0, context)
+        model = self.fallback
+        logits, cache = model.read(p1, s1.cache, context, newest=self.gamma + 1)
+        use_first = jnp.any(mine.valid, axis=1)
+
+        def draft(cache):
+            return model.draft(p1, cache, logits, context)
+
+        shapes = jax.eval_shape(draft, cache)
+
+        def skip(cache):  # every row drafts with first: the fallback's proposal is all invalid
+            _, nothing = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+            return DraftState(cache, jnp.zeros(shapes[0].node_slots.shape, jnp.int32)), nothing
+
+        s1, theirs = jax.lax.cond(jnp.all(use_first), skip, draft, cache)
+        n = self.n_nodes
+        mine, theirs = _pad(mine, n), _pad(theirs, n)
+        if mine.q is None and theirs.q is None:
+            q = None
+        else:
+            if context.grammar is not None and mine.q is None:  # the engine constrains only proposals without q
+                mine = grammar.constrain(context.grammar, context.grammar_state, mine)
+            vocab = (theirs.q if theirs.q is not None else mine.q).shape[-1]
+            q = jnp.where(use_first[:, None, None], _q(mine, vocab), _q(theirs, vocab))
+        pick = lambda a, b: jnp.where(use_first[:, None], a, b)  # noqa: E731
+        proposal = Proposal(pick(mine.tokens, theirs.tokens), pick(mine.parents, theirs.parents),
+                            pick(mine.valid, theirs.valid), q)
+        return (s0, s1), proposal
+
+    def commit(self, params, state, committed):
+        """``first``'s commit; the fallback reads what was kept at its next ``propose``."""
+        return (self.first.commit(params[0], state[0], committed), state[1])
