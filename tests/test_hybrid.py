@@ -54,32 +54,35 @@ def _context(tokens, seq_lens, vocab):
 
 def test_hybrid_takes_first_where_it_proposes(tiny):
     """Row 0's text repeats a bigram, so prompt lookup proposes its continuation there; row 1's
-    does not, and gets the draft model's chain, with its q. The draft model's cache then holds
-    what reading the whole text gives, though it drafted none of row 0's tokens."""
+    does not, and gets the draft model's chain, with its q. Before drafting, the draft model
+    read the 5 positions its cache lacked (two forwards of gamma + 1 = 4 tokens), so its cache
+    holds what reading the whole text at once gives. A step where every row matches runs no
+    draft model: its cache and ``fed`` stay as they were."""
     lookup = jaxspec.NGramDrafter(gamma=3, max_n=2, min_n=2)
     model = jaxspec.ModelDrafter(tiny.draft_cfg, gamma=2, confidence=0.0)
     hybrid = jaxspec.HybridDrafter(lookup, model)
     tokens = jnp.array([[5, 6, 7, 8, 5, 6, 0, 0], [1, 2, 3, 4, 9, 10, 0, 0]], jnp.int32)
     lens = jnp.array([6, 6], jnp.int32)
-    prompt_lens = jnp.array([3, 3], jnp.int32)  # the drafter's prefill read 3 tokens; 3 more came since
-    prefill = Prefill(tokens[:, :3], prompt_lens, (), jnp.zeros((2, 3, tiny.cfg.dim)))
+    prefill = Prefill(tokens[:, :1], jnp.array([1, 1], jnp.int32), (), jnp.zeros((2, 1, tiny.cfg.dim)))
     params = (None, tiny.draft_params)
     state = hybrid.init(params, prefill, 16)
-    (_, drafted), proposal = jax.jit(hybrid.propose)(params, state, _context(tokens, lens, tiny.cfg.vocab_size))
+    propose = jax.jit(hybrid.propose)
+    after, proposal = propose(params, state, _context(tokens, lens, tiny.cfg.vocab_size))
     np.testing.assert_array_equal(proposal.tokens[0], [7, 8, 5])  # after "5 6": prompt lookup
     np.testing.assert_array_equal(proposal.valid[0], [True, True, True])
     np.testing.assert_array_equal(proposal.q[0], jax.nn.one_hot(jnp.array([7, 8, 5]), tiny.cfg.vocab_size))
-    own_state, own = jax.jit(model.propose)(tiny.draft_params, model.init(tiny.draft_params, prefill, 16),
-                                            _context(tokens, lens, tiny.cfg.vocab_size))
     assert proposal.valid[1].tolist() == [True, True, False]  # the model's chain of 2, padded to 3
     assert proposal.tokens[1, 2] == 0 and proposal.parents[1, 2] == -1  # the pad: an invalid node
-    # The model alone read only the 2 newest tokens, so its row 1 differs unless its cache
-    # already held the rest; the hybrid read all 4 new ones. Reference: a prefill of all 6.
-    full = Prefill(tokens[:, :6], jnp.array([6, 6], jnp.int32), (), jnp.zeros((2, 6, tiny.cfg.dim)))
+    assert np.allclose(proposal.q[1, :2].sum(-1), 1) and after.fed.tolist() == [6, 6]
+    full = Prefill(tokens[:, :6], lens, (), jnp.zeros((2, 6, tiny.cfg.dim)))
     ref = model.init(tiny.draft_params, full, 16)
-    for got, want, alone in zip(drafted.cache.k, ref.cache.k, own_state.cache.k):
+    for got, want in zip(after.fallback.cache.k, ref.cache.k):
         np.testing.assert_allclose(got[:, :6], want[:, :6], atol=1e-5)
-        assert not np.allclose(alone[:, 3], want[:, 3], atol=1e-3)  # the model alone never read slot 3
+    both = tokens.at[1].set(tokens[0])  # every row matches: no draft model
+    again, proposal = propose(params, state, _context(both, lens, tiny.cfg.vocab_size))
+    assert proposal.valid.all() and again.fed.tolist() == [1, 1]
+    for got, before in zip(again.fallback.cache.k, state.fallback.cache.k):
+        np.testing.assert_array_equal(got, before)
 
 
 def test_hybrid_bad_input(tiny):

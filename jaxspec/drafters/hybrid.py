@@ -9,12 +9,14 @@ speculation where its tree scores, a model drafter elsewhere), and of DAS's roll
 draft model (Shao et al. 2025, arXiv 2511.13841).
 
 The draft model has to read every token the text gained, drafted by it or not: a step that
-``first`` drafted emits up to ``first.gamma + 1`` tokens the draft model never saw. So each
-``propose`` starts with the draft model reading the ``gamma + 1`` newest tokens (its
-``read`` with ``newest=gamma + 1``: every token emitted since its previous read, plus the
-root), writing them in place, whoever drafted them; its own ``commit`` is not needed. When
-every row takes ``first``'s proposal, the draft model's drafting is skipped (``lax.cond``):
-such a step costs the draft model one read.
+``first`` drafted emits up to ``first.gamma + 1`` tokens the draft model never saw. The
+hybrid keeps, per row, how many positions the draft model's cache holds (``fed``). A step
+in which every row takes ``first``'s proposal runs no draft model at all (``lax.cond``);
+a step in which some row needs the draft model first reads everything since ``fed``, in
+forwards of ``gamma + 1`` tokens ending at the root (``ModelDrafter.read``, as many as the
+furthest-behind row needs), then drafts. A model step counts only the root as read: the
+drafts it fed and the target kept are read again at the next model step (in the same
+forwards), so the draft model's own ``commit`` is not needed.
 
 Lossless at any temperature: which drafter a row takes is a function of its committed text,
 and each drafter's nodes carry what acceptance needs (q for a draft model's sampled chains;
@@ -50,6 +52,17 @@ def _pad(proposal: Proposal, n: int) -> Proposal:
 def _q(proposal: Proposal, vocab: int) -> jax.Array:
     """The proposal's q ``[B, N, V]``: its own, or the one-hot of each node's token."""
     return jax.nn.one_hot(proposal.tokens, vocab, dtype=jnp.float32) if proposal.q is None else proposal.q
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HybridState:
+    """A hybrid's state: ``first``'s, the draft model's (``DraftState``), and ``fed`` int32
+    ``[B]``, the positions ``0 .. fed - 1`` the draft model's cache holds for each row."""
+
+    first: Any
+    fallback: DraftState
+    fed: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,29 +141,46 @@ class HybridDrafter:
         self.first.validate(target_config, drafter_params[0])
         self.fallback.validate(target_config, drafter_params[1])
 
-    def init(self, params, prefill, max_len):
-        """Both drafters' states."""
-        return (self.first.init(params[0], prefill, max_len), self.fallback.init(params[1], prefill, max_len))
+    def init(self, params, prefill, max_len) -> HybridState:
+        """Both drafters' states; the draft model has read the prompt."""
+        return HybridState(self.first.init(params[0], prefill, max_len),
+                           self.fallback.init(params[1], prefill, max_len), prefill.prompt_lens)
 
-    def propose(self, params, state, context):
+    def _catch_up(self, params, cache, context, fed):
+        """``(logits [B, V] after the root, cache)`` once the draft model has read positions
+        ``fed .. seq_len - 1`` of every row, in forwards of ``gamma + 1`` tokens ending at the root."""
+        width = self.gamma + 1
+        chunks = (jnp.max(context.seq_lens - fed) + width - 1) // width  # >= 1: the root is never fed
+
+        def body(carry):
+            j, cache, _ = carry  # chunk j ends j * width tokens before the root
+            logits, cache = self.fallback.read(params, cache, context, newest=width, before=(j - 1) * width)
+            return j - 1, cache, logits
+
+        init = (chunks, cache, jnp.zeros((fed.shape[0], self.fallback.config.vocab_size), jnp.float32))
+        _, cache, logits = jax.lax.while_loop(lambda c: c[0] > 0, body, init)
+        return logits, cache
+
+    def propose(self, params, state: HybridState, context):
         """Each row's proposal: ``first``'s where it has a valid node, else the fallback's,
-        after the fallback read the ``gamma + 1`` newest tokens (module docstring)."""
-        (p0, p1), (s0, s1) = params, state
-        s0, mine = self.first.propose(p0, s0, context)
+        drafted after the draft model caught up (module docstring)."""
+        p0, p1 = params
+        s0, mine = self.first.propose(p0, state.first, context)
         model = self.fallback
-        logits, cache = model.read(p1, s1.cache, context, newest=self.gamma + 1)
         use_first = jnp.any(mine.valid, axis=1)
 
-        def draft(cache):
-            return model.draft(p1, cache, logits, context)
+        def draft(carry):
+            cache, _ = carry
+            logits, cache = self._catch_up(p1, cache, context, state.fed)
+            s1, proposal = model.draft(p1, cache, logits, context)
+            return (s1.cache, context.seq_lens), proposal
 
-        shapes = jax.eval_shape(draft, cache)
+        shapes = jax.eval_shape(draft, (state.fallback.cache, state.fed))
 
-        def skip(cache):  # every row drafts with first: the fallback's proposal is all invalid
-            _, nothing = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-            return DraftState(cache, jnp.zeros(shapes[0].node_slots.shape, jnp.int32)), nothing
+        def skip(carry):  # every row drafts with first: no draft model this step
+            return carry, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[1])
 
-        s1, theirs = jax.lax.cond(jnp.all(use_first), skip, draft, cache)
+        (cache, fed), theirs = jax.lax.cond(jnp.all(use_first), skip, draft, (state.fallback.cache, state.fed))
         n = self.n_nodes
         mine, theirs = _pad(mine, n), _pad(theirs, n)
         if mine.q is None and theirs.q is None:
@@ -163,8 +193,8 @@ class HybridDrafter:
         pick = lambda a, b: jnp.where(use_first[:, None], a, b)  # noqa: E731
         proposal = Proposal(pick(mine.tokens, theirs.tokens), pick(mine.parents, theirs.parents),
                             pick(mine.valid, theirs.valid), q)
-        return (s0, s1), proposal
+        return HybridState(s0, dataclasses.replace(state.fallback, cache=cache), fed), proposal
 
-    def commit(self, params, state, committed):
-        """``first``'s commit; the fallback reads what was kept at its next ``propose``."""
-        return (self.first.commit(params[0], state[0], committed), state[1])
+    def commit(self, params, state: HybridState, committed):
+        """``first``'s commit; the draft model reads what was kept when it next drafts."""
+        return dataclasses.replace(state, first=self.first.commit(params[0], state.first, committed))

@@ -201,16 +201,22 @@ class _DraftModel:
         out = models.forward(params, self.config, prompt, positions, cache, head=False, visible_slots=prompt.shape[1])
         return DraftState(out.cache, jnp.zeros((prompt.shape[0], self.n_nodes), jnp.int32))
 
-    def read(self, params, cache: KVCache, context, newest: int = 2) -> tuple[jax.Array, KVCache]:
-        """``(logits [B, V] after the root, cache)`` once the draft model has read the
-        ``newest`` newest tokens (positions ``seq_len - newest .. seq_len - 1``; clipped at 0)
-        into ``cache``, in place. ``propose`` reads 2 (module docstring); a drafter that did
-        not draft every step reads every token since its last read
+    def read(self, params, cache: KVCache, context, newest: int = 2, before=0) -> tuple[jax.Array, KVCache]:
+        """``(logits [B, V], cache)`` once the draft model has read the ``newest`` tokens that end
+        ``before`` (int, or int32 scalar) tokens before the root, positions ``end - newest ..
+        end - 1`` with ``end = seq_len - before``, into ``cache`` in place; the logits are
+        those after position ``end - 1``. Where ``end < newest`` the window starts at 0
+        instead (a forward writes contiguous slots), reading past ``end - 1`` into slots no
+        query before them sees. ``propose`` reads the 2 newest (module docstring); a drafter
+        that did not draft every step reads everything since its last read in such windows
         (``jaxspec.drafters.hybrid``)."""
-        positions = jnp.maximum((context.seq_lens - newest)[:, None] + jnp.arange(newest, dtype=jnp.int32)[None], 0)
+        end = context.seq_lens - before
+        start = jnp.maximum(end - newest, 0)
+        positions = start[:, None] + jnp.arange(newest, dtype=jnp.int32)[None]
         out = models.forward(params, self.config, jnp.take_along_axis(context.tokens, positions, axis=1), positions,
                              cache)
-        return out.logits[:, -1], out.cache
+        last = jnp.clip(end - 1 - start, 0, newest - 1)
+        return jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0], out.cache
 
     def draft(self, params, cache: KVCache, logits: jax.Array, context) -> tuple[DraftState, Proposal]:
         """``(state, proposal)``: the chain or tree drafted after the root, whose ``logits``
