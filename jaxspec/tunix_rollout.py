@@ -97,7 +97,11 @@ class JaxspecRollout(base_rollout.BaseRollout):
       mesh: a one-device mesh or None (a model split over several devices runs on jaxspec's
         own decoder only: ``jaxspec.generate(mesh=)``).
       rollout_config: unused at construction (each ``generate`` takes its own).
-      drafter: a ``jaxspec`` drafter, default ``HistoryDrafter()``; None: plain decoding.
+      drafter: a ``jaxspec`` drafter, default ``HistoryDrafter()``; None: plain decoding. A
+        ``HybridDrafter`` whose first part is a ``HistoryDrafter`` drafts from the history
+        where it matches and with its draft model elsewhere (``draft_params``).
+      draft_params: the draft model's params (a ``jaxspec.Model`` or its params) of a
+        drafter that has one (``ModelDrafter``, or a ``HybridDrafter``'s fallback); None else.
       history_capacity: earlier rollouts kept per prompt (``RolloutHistory.capacity``).
       rows_per_call: None (default): each ``generate`` is one ``jaxspec.generate`` call; k: calls of
         k rows in turn, each drafting also from the earlier calls' rollouts (the history). On a
@@ -111,8 +115,8 @@ class JaxspecRollout(base_rollout.BaseRollout):
     """
 
     def __init__(self, rollout_actor: nnx.Module, tokenizer: Any, mesh: Any = None, rollout_config: Any = None, *,
-                 drafter: Any = "history", history_capacity: int = 16, max_position: int = 32768,
-                 rows_per_call: int | None = None, **settings):
+                 drafter: Any = "history", draft_params: Any = None, history_capacity: int = 16,
+                 max_position: int = 32768, rows_per_call: int | None = None, **settings):
         if rows_per_call is not None and rows_per_call < 1:
             raise ValueError(f"rows_per_call must be None or >= 1, got {rows_per_call}")
         if mesh is not None and mesh.devices.size > 1:
@@ -128,6 +132,7 @@ class JaxspecRollout(base_rollout.BaseRollout):
             rollout_actor, name=type(rollout_actor).__name__, max_position=max_position,
             bos_id=-1 if bos is None else bos, eos_ids=(tokenizer.eos_id(),))
         self.drafter = HistoryDrafter() if drafter == "history" else drafter
+        self.draft_params = draft_params
         self.history_capacity = history_capacity
         self.history: RolloutHistory | None = None
         self.settings = settings
@@ -155,6 +160,14 @@ class JaxspecRollout(base_rollout.BaseRollout):
                              f"(jaxspec does not cut prompts): raise max_prompt_length")
         return [int(t) for t in ids]
 
+    def _drafter_params(self, uses_history: bool):
+        """What ``jaxspec.generate`` takes as ``drafter_params``: the history, the draft model's
+        params, or a hybrid's pair of them."""
+        history = self.history if uses_history else None
+        if getattr(self.drafter, "kind", None) == "hybrid":
+            return (history, self.draft_params)
+        return history if uses_history else self.draft_params
+
     def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig,
                  **kwargs) -> base_rollout.RolloutOutput:
         """``jaxspec.generate`` over ``prompts`` (each repeated prompt a sibling sample): one call,
@@ -168,7 +181,7 @@ class JaxspecRollout(base_rollout.BaseRollout):
         ids = [self._prompt_ids(p, rc.max_prompt_length) for p in prompts]
         eos = tuple(int(e) for e in (rc.eos_tokens or [self.tokenizer.eos_id()]))
         seed = 0 if rc.seed is None else int(np.asarray(rc.seed).reshape(-1)[0])
-        uses_history = isinstance(self.drafter, HistoryDrafter)
+        uses_history = api._history_drafter(self.drafter) is not None
         if uses_history and self.history is None:
             self.history = RolloutHistory(vocab_size=self.target.vocab_size, capacity=self.history_capacity,
                                           max_tokens=rc.max_tokens_to_generate + PROMPT_TAIL)
@@ -178,7 +191,7 @@ class JaxspecRollout(base_rollout.BaseRollout):
         for start in range(0, len(ids), per_call):
             res = api.generate(
                 params, ids[start : start + per_call], config=self.target, drafter=self.drafter,
-                drafter_params=self.history if uses_history else None,
+                drafter_params=self._drafter_params(uses_history),
                 max_len=rc.max_prompt_length + rc.max_tokens_to_generate, max_new_tokens=rc.max_tokens_to_generate,
                 temperature=float(rc.temperature), top_p=1.0 if rc.top_p is None else float(rc.top_p),
                 top_k=0 if rc.top_k is None or rc.top_k < 0 else int(rc.top_k), stop_token_ids=eos,

@@ -211,6 +211,22 @@ def test_rollout_engine_in_calls_of_one_row_drafts_from_the_earlier_ones():
     assert engine.calls == 4 and [m.compiled for m in engine.metrics] == [True, False, False, False]
 
 
+def test_rollout_engine_with_history_and_a_draft_model():
+    """A HybridDrafter (the history where it matches, a draft model's chain elsewhere): the
+    history fills, and greedy output is the module's own."""
+    from jaxspec import models
+
+    draft_cfg = jaxspec.ModelConfig(vocab_size=VOCAB, dim=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16,
+                                    ffn_dim=64, max_position=64, name="tiny-draft")
+    hybrid = jaxspec.HybridDrafter(jaxspec.HistoryDrafter(), jaxspec.ModelDrafter(draft_cfg, gamma=3))
+    engine = JaxspecRollout(tiny_qwen2(), ByteTokenizer(), max_position=64, drafter=hybrid, rows_per_call=1,
+                            draft_params=models.init_params(draft_cfg, jax.random.key(1)))
+    out = engine.generate(["1+2=", "1+2="], rollout_config())
+    assert [m.history_misses for m in engine.metrics] == [1, 0] and len(engine.history) == 2
+    greedy = engine.generate(["1+2="], rollout_config(temperature=0.0)).tokens[0].tolist()
+    assert len(out.tokens) == 2 and greedy == reference_greedy(engine.model(), [1, 52, 46, 53, 64], 12)[: len(greedy)]
+
+
 def test_rollout_engine_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="rows_per_call"):
         JaxspecRollout(tiny_qwen2(), ByteTokenizer(), rows_per_call=0)
