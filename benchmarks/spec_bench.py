@@ -26,6 +26,8 @@ and long_match):
   ngram_g4, ngram_g4_b2      NGramDrafter(gamma=4[, branches=2]): prompt-lookup chain / trie of 2 matches
   ngram_g16_s4[_m16]         NGramDrafter(gamma=16, short_gamma=4[, long_match=16]): adaptive depth
   draft_g4, draft_g4_n8_k2   ModelDrafter(--draft-model's config, gamma=4[, tree_nodes=8, branching=2])
+  ngram_draft_g4[_c30]       HybridDrafter(NGramDrafter(gamma=4), ModelDrafter(gamma=4)): prompt
+                             lookup where it matches, the draft model's chain elsewhere
   early_exit_l8_g3[_n8_k2]   EarlyExitDrafter(target config, n_layers=8, gamma=3[, tree ...])
   lookahead_w5_n4_g5         LookaheadDrafter(window=5, ngram=4, guesses=5): for this kind _w, _n, _g are
                              the paper's W, N, G (Fu et al. 2024)
@@ -122,7 +124,7 @@ CODE_PROMPT = os.path.join(HERE, "prompts", "code_rewrite.txt")
 CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
               "translation", "summarization", "qa", "math_reasoning", "rag")
 BASE = "plain"
-KINDS = ("plain", "plain_xla", "ngram", "draft", "early_exit", "lookahead", "eagle", "medusa", "hf_plain", "hf_prompt_lookup", "hf_assisted")
+KINDS = ("plain", "plain_xla", "ngram", "draft", "ngram_draft", "early_exit", "lookahead", "eagle", "medusa", "hf_plain", "hf_prompt_lookup", "hf_assisted")
 _METHOD = re.compile(r"^(" + "|".join(sorted(KINDS, key=len, reverse=True)) + r")((?:_[gbnklwsmca]\d+)*)$")
 
 
@@ -216,7 +218,7 @@ class Method:
     @property
     def needs_draft_model(self) -> bool:
         """Needs ``--draft-model``."""
-        return self.kind in ("draft", "hf_assisted")
+        return self.kind in ("draft", "ngram_draft", "hf_assisted")
 
 
 def parse_method(name: str) -> Method:
@@ -251,6 +253,7 @@ def parse_method(name: str) -> Method:
         raise ValueError(f"method {name!r}: {m.group(1)} takes the letters {', '.join('_' + f for f in fields)}")
     values = {fields[p[0]]: int(p[1:]) for p in parts}
     allowed = {"plain": set(), "plain_xla": set(), "hf_plain": set(), "ngram": {"gamma", "branches", "short_gamma", "long_match"}, "draft": {"gamma", "tree_nodes", "branching", "confidence"},
+               "ngram_draft": {"gamma", "confidence"},
                "early_exit": {"gamma", "tree_nodes", "branching", "layers", "confidence"}, "hf_prompt_lookup": {"gamma"},
                "eagle": {"gamma", "tree_nodes", "branching", "confidence"}, "medusa": {"gamma", "branching"},
                "hf_assisted": {"gamma"}, "lookahead": {"window", "ngram", "guesses"}}[m.group(1)]
@@ -298,8 +301,15 @@ def make_drafter(method: Method, target_config, draft_config, ngram_max: int, ng
 
     if method.kind in ("plain", "plain_xla"):
         return None
-    if method.kind not in ("ngram", "draft", "early_exit", "lookahead"):
+    if method.kind not in ("ngram", "draft", "ngram_draft", "early_exit", "lookahead"):
         raise ValueError(f"{method.name} is not a jaxspec method")
+    if method.kind == "ngram_draft":  # prompt lookup, and the draft model's chain where it finds nothing
+        from jaxspec import HybridDrafter
+
+        lookup = dataclasses.replace(method, kind="ngram", confidence=None)
+        chain = dataclasses.replace(method, kind="draft")
+        return HybridDrafter(make_drafter(lookup, target_config, draft_config, ngram_max, ngram_min),
+                             make_drafter(chain, target_config, draft_config, ngram_max, ngram_min))
     options = drafter_options(method, ngram_max, ngram_min)
     if method.kind == "draft":
         options["draft"] = draft_config
@@ -384,7 +394,8 @@ class JaxRunner:
             else:
                 dcfg = None if self.draft_model is None else self.draft_model.config
                 d = make_drafter(method, self.model.config, dcfg, *self._ngram)
-                self._params[method.name] = self.draft_model if method.kind == "draft" else None
+                self._params[method.name] = {"draft": self.draft_model,
+                                             "ngram_draft": (None, self.draft_model)}.get(method.kind)
             self._drafters[method.name] = d
         return self._drafters[method.name]
 

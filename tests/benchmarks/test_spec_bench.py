@@ -187,6 +187,9 @@ def test_drafters_of_method_names():
     assert build("early_exit_g2").n_layers == 1  # default: a quarter of the target's blocks, at least 1
     assert build("lookahead_w3_n3_g2") == jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=2)
     assert build("lookahead") == jaxspec.LookaheadDrafter()  # the drafter's defaults
+    assert build("ngram_draft_g3_c0") == jaxspec.HybridDrafter(jaxspec.NGramDrafter(gamma=3, max_n=3, min_n=2),
+                                                               jaxspec.ModelDrafter(DRAFT, gamma=3, confidence=0.0))
+    assert spec_bench.parse_method("ngram_draft_g4").needs_draft_model
     with pytest.raises(ValueError, match="lookahead takes the letters _w, _n, _g"):
         spec_bench.parse_method("lookahead_b2")
 
