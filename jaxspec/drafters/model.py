@@ -214,9 +214,10 @@ class _DraftModel:
         start = jnp.maximum(end - newest, 0)
         positions = start[:, None] + jnp.arange(newest, dtype=jnp.int32)[None]
         out = models.forward(params, self.config, jnp.take_along_axis(context.tokens, positions, axis=1), positions,
-                             cache)
+                             cache, head=False)
         last = jnp.clip(end - 1 - start, 0, newest - 1)
-        return jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0], out.cache
+        hidden = jnp.take_along_axis(out.hidden, last[:, None, None], axis=1)  # the output head on one row
+        return models.logits_from_hidden(params, self.config, hidden)[:, 0], out.cache
 
     def draft(self, params, cache: KVCache, logits: jax.Array, context) -> tuple[DraftState, Proposal]:
         """``(state, proposal)``: the chain or tree drafted after the root, whose ``logits``
