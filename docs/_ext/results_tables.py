@@ -55,6 +55,8 @@ RESULTS = {
                               "rollouts"),
     "rollouts_qwen05_rows4": ("benchmarks/results/rollouts_qwen2.5-coder-0.5b-float32-g4-rows4_cpu_2026-12-07.json",
                               "rollouts"),
+    "rollouts_qwen15_draft": ("benchmarks/results/rollouts_qwen2.5-coder-1.5b-float32-g4-rows1-draft-"
+                              "qwen2.5-coder-0.5b_cpu_2026-12-07.json", "rollouts"),
     "accelerator_h200_8b": ("benchmarks/results/accelerator_llama-3.1-8b_nvidia-h200_2026-12-04.json", "accelerator"),
     "accelerator_h200_1b": ("benchmarks/results/accelerator_llama-3.2-1b_nvidia-h200_2026-12-04.json", "accelerator"),
 }
@@ -250,7 +252,8 @@ def rollouts(path: str, d: dict) -> str:
             x = per[name]
             md.append(f"| {e} | `{name}` | {x['tau']:.2f} | {x['passes_ratio']:.2f} | {x['makespan_ratio']:.2f} | "
                       f"{x['speedup']:.2f}x |")
-    md += ["", f"{d['model']}, {d['dtype']} weights, {d['prompts']} arithmetic word problems x G = {d['group']} "
+    draft = f" (draft model {d['draft']})" if d.get("draft") else ""
+    md += ["", f"{d['model']}{draft}, {d['dtype']} weights, {d['prompts']} arithmetic word problems x G = {d['group']} "
            f"samples, {d['rows_per_call']} row(s) per call, up to {d['max_new_tokens']} new tokens, temperature 1, "
            "fixed weights; the makespan sums each call's slowest row's target passes."]
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
