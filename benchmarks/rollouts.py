@@ -21,6 +21,7 @@ Per epoch and method: tau, target passes over all rows, the makespan in target p
 call its slowest row's, summed over the calls: what a synchronous step waits for), run
 seconds (compiles excluded), tokens/s, and the speedup over plain (run seconds). The batch
 policy is off (``disable_by_batch_size=None``) so every method speculates at every size.
+Writes the JSON record and, beside it, a PNG of the rollout time by epoch (``plot``).
 
     python -m benchmarks.rollouts [--model qwen2.5-coder-0.5b] [--prompts 4] [--group 8]
         [--rows 8] [--epochs 3] [--max-new-tokens 128] [--methods plain,ngram,siblings,history]
@@ -46,6 +47,36 @@ def drafter_of(method: str, draft=None):
         return model if method == "draft" else jaxspec.HybridDrafter(jaxspec.HistoryDrafter(), model)
     return {"plain": None, "ngram": jaxspec.NGramDrafter(gamma=4), "own": jaxspec.HistoryDrafter(siblings=0),
             "siblings": jaxspec.HistoryDrafter(), "history": jaxspec.HistoryDrafter()}[method]
+
+
+def plot(record: dict, path: str) -> None:
+    """A PNG of each epoch's rollout time per method: run seconds (what a synchronous step
+    waits for, summed over its calls) and the makespan in target passes, both over plain's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = list(range(len(record["per_epoch"])))
+    fig, (secs, passes) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for m in record["methods"]:
+        secs.plot(epochs, [e[m]["run_s"] for e in record["per_epoch"]], marker="o", label=m)
+        passes.plot(epochs, [e[m]["makespan_ratio"] for e in record["per_epoch"]], marker="o", label=m)
+    secs.set_ylabel("rollout seconds per epoch")
+    passes.set_ylabel("makespan in target passes / plain's")
+    for ax in (secs, passes):
+        ax.set_xlabel("epoch")
+        ax.set_xticks(epochs)
+    secs.set_ylim(bottom=0)
+    passes.set_ylim(0, 1.05)
+    passes.legend(fontsize=8)
+    draft = f", draft {record['draft']}" if record.get("draft") else ""
+    fig.suptitle(f"{record['model']}{draft}: {record['prompts']} prompts x G = {record['group']}, "
+                 f"{record['rows_per_call']} row(s) per call, {record['max_new_tokens']} tokens", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
 
 
 def main(argv=None) -> int:
@@ -127,7 +158,9 @@ def main(argv=None) -> int:
               "machine": machine_info(), "versions": versions(), "command": command(argv),
               "elapsed_s": time.time() - t_start}
     variant = f"{args.model}-{args.dtype}-g{args.group}-rows{args.rows}" + (f"-draft-{args.draft}" if draft else "")
-    write_record(record, args.out or result_stem("rollouts", variant) + ".json")
+    path = args.out or result_stem("rollouts", variant) + ".json"
+    write_record(record, path)
+    plot(record, path.removesuffix(".json") + ".png")
     return 0
 
 

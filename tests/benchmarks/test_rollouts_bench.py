@@ -32,3 +32,4 @@ def test_rollouts_writes_its_record(tmp_path):
     assert set(rec) >= {"command", "machine", "versions", "summary", "per_epoch"}
     assert len(rec["per_epoch"]) == 2 and rec["per_epoch"][1]["history"]["misses"] == 0
     assert rec["per_epoch"][0]["history"]["misses"] == 2  # epoch 0: no rollout of the prompt yet
+    assert (tmp_path / "r.png").stat().st_size > 0  # rollout time by epoch
