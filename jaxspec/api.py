@@ -413,9 +413,6 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
         if getattr(drafter, "kind", None) == "hybrid":
             raise ValueError("HybridDrafter runs without mesh= (its pair of params is not placed on a mesh yet): "
                              "run its fallback draft model alone under a mesh")
-        if history is not None:
-            raise ValueError("a RolloutHistory runs without mesh= (its rows are not placed over the data axis yet): "
-                             "run HistoryDrafter under a mesh with drafter_params=None (siblings only)")
         if not isinstance(call.config, ModelConfig):
             raise ValueError(f"mesh= splits jaxspec's decoder over devices; the target {call.config.name!r} is a "
                              "model of its own (jaxspec.models.TargetModel): run it without a mesh")
@@ -498,7 +495,9 @@ def generate(
         mesh, with drafters that need only tokens (n-gram, lookahead, a draft model).
       drafter: ``None`` for plain decoding, or a drafter from ``jaxspec.drafters``.
       drafter_params: the draft model's params, or its ``Model`` (then, with a ``Model``
-        target, ``jaxspec.check_pair`` also compares the two tokenizers token by token).
+        target, ``jaxspec.check_pair`` also compares the two tokenizers token by token); a
+        ``jaxspec.RolloutHistory`` (or None) for a ``HistoryDrafter``; for a ``HybridDrafter``
+        the pair of its parts' (e.g. ``(history, draft)``).
       chat: wrap each text prompt in the tokenizer's chat template as a user turn.
       max_len: longest sequence (prompt + new tokens) allowed, an int in [1, 2**31 - 1];
         default the model's context (``config.max_position``). Larger values are refused

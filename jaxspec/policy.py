@@ -80,9 +80,13 @@ import jax
 # 1, 64 new tokens, the second epoch (the history holding the first): 1.58x at batch 1 (tau 2.53),
 # 1.11x at 2 (tau 2.61), 0.67x at 4 (tau 2.31); the first epoch: 1.17x, 0.92x, 0.66x
 # (benchmarks/results/rollouts_qwen2.5-coder-0.5b-float32-g4-rows{1,2,4}_cpu_2026-12-07.json).
+# cpu, hybrid (HybridDrafter): Qwen2.5-Coder-1.5B, the history with the 0.5B draft model, 2 problems x 4
+# samples, 96 new tokens, batch 1: 1.29x (first epoch), 1.45x (second)
+# (rollouts_qwen2.5-coder-1.5b-float32-g4-rows1-draft-qwen2.5-coder-0.5b_cpu_2026-12-07.json); larger batches
+# not measured: the lower of its parts' limits (model 1, history 2).
 # A limit is never below 1: "auto" disables only what a larger batch costs.
 MEASURED: dict[tuple[str, str], int] = {("cpu", "ngram"): 1, ("cpu", "model"): 1, ("cpu", "eagle"): 1,
-                                        ("cpu", "medusa"): 1, ("cpu", "history"): 2}
+                                        ("cpu", "medusa"): 1, ("cpu", "history"): 2, ("cpu", "hybrid"): 1}
 
 
 # Verify steps a row's tau is averaged over before (and while) the gate may turn it off.

@@ -262,6 +262,14 @@ def input_specs(inputs) -> Any:
     )
 
 
+def _per_row(drafter_params) -> bool:
+    """Whether the drafter's params are per-row inputs (``[B, ...]`` leaves, the rows of a
+    ``jaxspec.RolloutHistory``: ``HistoryRows``), placed over ``data`` like the prompts."""
+    from jaxspec.drafters.history import HistoryRows
+
+    return isinstance(drafter_params, HistoryRows)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How one ``generate`` call runs on a mesh (hashable: part of the compile-cache key).
@@ -290,7 +298,10 @@ class Plan:
         params = shard_params(params, global_config, self.mesh)
         if drafter is not None:
             drafter_params = drafter.select_params(params, drafter_params)
-            if drafter_params is not None and not drafter.capabilities.shares_target_weights:
+            if _per_row(drafter_params):  # a history's rows go with their rows, over ``data``
+                drafter_params = jax.tree_util.tree_map(lambda x: put(x, NamedSharding(self.mesh, P(DATA))),
+                                                        drafter_params)
+            elif drafter_params is not None and not drafter.capabilities.shares_target_weights:
                 drafter_params = shard_params(drafter_params, drafter.config, self.mesh, self.drafter_sharded)
         specs = input_specs(inputs)
         inputs = jax.tree_util.tree_map(lambda x, s: put(x, NamedSharding(self.mesh, s)), inputs, specs)
@@ -301,7 +312,9 @@ class Plan:
         shard) as the whole-mesh function under ``jax.shard_map``, its output rows gathered over
         ``data`` and replicated on every device."""
         def sharded(target, drafter_params, inputs):
-            in_specs = (param_specs(target), param_specs(drafter_params, self.drafter_sharded), input_specs(inputs))
+            dspecs = jax.tree_util.tree_map(lambda _: P(DATA), drafter_params) if _per_row(drafter_params) else \
+                param_specs(drafter_params, self.drafter_sharded)
+            in_specs = (param_specs(target), dspecs, input_specs(inputs))
             # check_vma=False: the loop predicate and sampled tokens are identical across
             # ``model`` shards by construction (gathered logits, replicated keys), which the
             # varying-manual-axes check cannot see.

@@ -56,7 +56,7 @@ def checkpoint(tmp_path_factory) -> str:
 # with the gate; the rest (~20-35 s each on 2 cores) are slow (tests/support/ci.py).
 CI_CASES = ["1x8-plain-b1", "4x2-ngram-b4", "1x8-model_sharded-b4",
             "2x4-families-logprobs-b4", "2x4-model_tree-b4", "2x4-lookahead-b4", "2x4-early_exit_gated-b4",
-            "2x4-ngram_grammar-b4"]
+            "2x4-ngram_grammar-b4", "2x4-history_rollouts-b4"]
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +124,7 @@ def test_sharded_cases_accept_drafts(single):
     for name in ("1x8-model_sharded-b4", "4x2-model-b4", "2x4-early_exit-b4"):
         if name in single["cases"]:
             assert min(single["cases"][name]["sharded"]["accepted"]) > 0, name
-    for name in ("2x4-model_tree-b4", "2x4-early_exit_gated-b4"):
+    for name in ("2x4-model_tree-b4", "2x4-early_exit_gated-b4", "2x4-history_rollouts-b4"):
         assert sum(single["cases"][name]["sharded"]["accepted"]) > 0, name
 
 

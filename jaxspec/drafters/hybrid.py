@@ -71,7 +71,7 @@ class HybridDrafter:
 
     Attributes:
       first: a drafter that abstains (``capabilities.abstains``) and reads no layer of the
-        target: ``HistoryDrafter``, ``NGramDrafter``, ``LookaheadDrafter`` or ``GrammarDrafter``.
+        target: ``HistoryDrafter``, ``NGramDrafter`` or ``LookaheadDrafter``.
       fallback: a ``ModelDrafter`` or ``EarlyExitDrafter``, chain or tree.
 
     ``gamma`` and ``n_nodes`` are the larger of the two drafters'. Params: the pair
@@ -97,7 +97,7 @@ class HybridDrafter:
         caps = getattr(self.first, "capabilities", None)
         if caps is None or not caps.abstains or caps.capture or isinstance(self.first, _DraftModel):
             raise ValueError(f"HybridDrafter's first drafter must abstain where it finds nothing and read no layer of "
-                             f"the target (HistoryDrafter, NGramDrafter, LookaheadDrafter, GrammarDrafter), got "
+                             f"the target (HistoryDrafter, NGramDrafter, LookaheadDrafter), got "
                              f"{self.first!r:.120}")
         if not isinstance(self.fallback, _DraftModel):
             raise ValueError(f"HybridDrafter's fallback must be a ModelDrafter or EarlyExitDrafter, got "

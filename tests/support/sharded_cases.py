@@ -67,7 +67,7 @@ SETTINGS = {4: dict(temperature=[0.0, 0.0, 1.0, 0.7], top_p=[1.0, 1.0, 0.9, 1.0]
 class Case:
     name: str
     mesh: tuple  # (data, model)
-    drafter: str  # plain, ngram, early_exit, model, the tree kinds, lookahead
+    drafter: str  # plain, ngram, early_exit, model, the tree kinds, lookahead, history(_rollouts)
     batch: int  # 1 (run greedy, then sampled: one program) or 4 (greedy and sampled rows mixed)
     shard_drafter: bool = False
     config: jaxspec.ModelConfig = TARGET
@@ -95,7 +95,8 @@ CASES = [Case(f"{d}x{m}-plain-b{b}", (d, m), "plain", b) for (d, m), b in zip(ME
 ] + [Case("2x4-lookahead-b4", (2, 4), "lookahead", 4)  # issue 12: pool and window per row, over `data`
       ] + [Case("2x4-early_exit_gated-b4", (2, 4), "early_exit", 4, gate=2.5)
            ] + [Case("2x4-ngram_grammar-b4", (2, 4), "ngram", 4, grammar=True)  # structured output: tables
-                ] + [Case("2x4-history-b4", (2, 4), "history", 4)]  # rollout history: siblings per data shard
+                ] + [Case("2x4-history-b4", (2, 4), "history", 4),  # rollout history: siblings per data shard
+                     Case("2x4-history_rollouts-b4", (2, 4), "history_rollouts", 4)]  # + a RolloutHistory per row
 # replicated, each row's start state over `data`  # the acceptance gate: rows gated per
 # data shard, then a second (plain) while loop, with a drafter whose forward holds the target's collectives
 MULTI_CASES = ("4x2-ngram-b4", "1x8-plain-b1")  # also run by two processes
@@ -134,9 +135,25 @@ def drafter(kind, draft_params):
             "history": (jaxspec.HistoryDrafter(gamma=3, tree_nodes=6, min_n=1), None)}[kind]
 
 
+def earlier_rollouts(params, batch: int):
+    """A ``RolloutHistory`` holding one earlier rollout of each prompt: its unsharded greedy
+    text (so the history's drafts are often accepted), made once per process."""
+    if batch not in _EARLIER:
+        plain = jaxspec.generate(params, PROMPTS[:batch], config=TARGET, max_new_tokens=10, ignore_eos=True)
+        history = jaxspec.RolloutHistory(vocab_size=TARGET.vocab_size, capacity=2, max_tokens=32)
+        _EARLIER[batch] = history.add(PROMPTS[:batch], plain.tokens)
+    return _EARLIER[batch]
+
+
+_EARLIER: dict = {}
+
+
 def run(params, draft_params, case: Case, mesh=None):
     """Generate for ``case`` (batch 1: greedy, then sampled with the same program)."""
-    d, dp = drafter(case.drafter, draft_params)
+    if case.drafter == "history_rollouts":
+        d, dp = drafter("history", None)[0], earlier_rollouts(params, case.batch)
+    else:
+        d, dp = drafter(case.drafter, draft_params)
     n_programs = len(jaxspec.api._COMPILED)
     result = {"tokens": [], "accepted": [], "drafted": [], "gated": []}
     for temperature in ((0.0, 1.0) if case.batch == 1 else (None,)):
