@@ -410,9 +410,6 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
     if mesh is not None:
         from jaxspec import sharding
 
-        if getattr(drafter, "kind", None) == "hybrid":
-            raise ValueError("HybridDrafter runs without mesh= (its pair of params is not placed on a mesh yet): "
-                             "run its fallback draft model alone under a mesh")
         if not isinstance(call.config, ModelConfig):
             raise ValueError(f"mesh= splits jaxspec's decoder over devices; the target {call.config.name!r} is a "
                              "model of its own (jaxspec.models.TargetModel): run it without a mesh")
@@ -420,7 +417,9 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
     # without a mesh, on CPU: matrices in panels; a mesh shards the plain [K, N] arrays
     params = layout.as_arrays(call.params) if plan else layout.for_run(call.params, call.config)
     if plan is None and drafter is not None:
-        drafter_params = drafter.select_params(params, layout.for_run(drafter_params, getattr(drafter, "config", None)))
+        laid_out = drafter.laid_out(drafter_params) if hasattr(drafter, "laid_out") else \
+            layout.for_run(drafter_params, getattr(drafter, "config", None))
+        drafter_params = drafter.select_params(params, laid_out)
     shapes = request.buckets(req, engine.window(drafter, call.min_pass_tokens), 1 if plan is None else plan.data)
     if history is not None and drafter is not None:  # the one drafter input that depends on the rows
         drafter_params = _with_history(drafter_params, history.rows(req.rows, shapes.batch))

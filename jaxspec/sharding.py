@@ -270,6 +270,16 @@ def _per_row(drafter_params) -> bool:
     return isinstance(drafter_params, HistoryRows)
 
 
+def _drafter_specs(drafter_params, sharded: bool):
+    """PartitionSpecs of a drafter's params: ``_per_row`` ones over ``data``, weights as
+    ``param_specs``; a ``HybridDrafter``'s pair part by part."""
+    if isinstance(drafter_params, tuple):
+        return tuple(_drafter_specs(p, sharded) for p in drafter_params)
+    if _per_row(drafter_params):
+        return jax.tree_util.tree_map(lambda _: P(DATA), drafter_params)
+    return param_specs(drafter_params, sharded)
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """How one ``generate`` call runs on a mesh (hashable: part of the compile-cache key).
@@ -297,24 +307,30 @@ class Plan:
         what ``drafter.select_params`` gives for the placed target params."""
         params = shard_params(params, global_config, self.mesh)
         if drafter is not None:
-            drafter_params = drafter.select_params(params, drafter_params)
-            if _per_row(drafter_params):  # a history's rows go with their rows, over ``data``
-                drafter_params = jax.tree_util.tree_map(lambda x: put(x, NamedSharding(self.mesh, P(DATA))),
-                                                        drafter_params)
-            elif drafter_params is not None and not drafter.capabilities.shares_target_weights:
-                drafter_params = shard_params(drafter_params, drafter.config, self.mesh, self.drafter_sharded)
+            drafter_params = self._place_drafter_params(drafter, drafter.select_params(params, drafter_params))
         specs = input_specs(inputs)
         inputs = jax.tree_util.tree_map(lambda x, s: put(x, NamedSharding(self.mesh, s)), inputs, specs)
         return params, drafter_params, inputs
+
+    def _place_drafter_params(self, drafter, drafter_params):
+        """A drafter's params on the mesh: a history's rows over ``data`` with their rows, a
+        draft model's weights split over ``model`` (``drafter_sharded``) or replicated, a view
+        of the target's as placed; a ``HybridDrafter``'s pair part by part."""
+        if isinstance(drafter_params, tuple):
+            return tuple(self._place_drafter_params(d, p) for d, p in zip((drafter.first, drafter.fallback),
+                                                                           drafter_params))
+        if _per_row(drafter_params):
+            return jax.tree_util.tree_map(lambda x: put(x, NamedSharding(self.mesh, P(DATA))), drafter_params)
+        if drafter_params is not None and not drafter.capabilities.shares_target_weights:
+            return shard_params(drafter_params, drafter.config, self.mesh, self.drafter_sharded)
+        return drafter_params
 
     def wrap(self, fn):
         """``fn(target, drafter_params, inputs) -> pytree of [B, ...] arrays`` (written for one
         shard) as the whole-mesh function under ``jax.shard_map``, its output rows gathered over
         ``data`` and replicated on every device."""
         def sharded(target, drafter_params, inputs):
-            dspecs = jax.tree_util.tree_map(lambda _: P(DATA), drafter_params) if _per_row(drafter_params) else \
-                param_specs(drafter_params, self.drafter_sharded)
-            in_specs = (param_specs(target), dspecs, input_specs(inputs))
+            in_specs = (param_specs(target), _drafter_specs(drafter_params, self.drafter_sharded), input_specs(inputs))
             # check_vma=False: the loop predicate and sampled tokens are identical across
             # ``model`` shards by construction (gathered logits, replicated keys), which the
             # varying-manual-axes check cannot see.

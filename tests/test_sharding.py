@@ -56,7 +56,7 @@ def checkpoint(tmp_path_factory) -> str:
 # with the gate; the rest (~20-35 s each on 2 cores) are slow (tests/support/ci.py).
 CI_CASES = ["1x8-plain-b1", "4x2-ngram-b4", "1x8-model_sharded-b4",
             "2x4-families-logprobs-b4", "2x4-model_tree-b4", "2x4-lookahead-b4", "2x4-early_exit_gated-b4",
-            "2x4-ngram_grammar-b4", "2x4-history_rollouts-b4"]
+            "2x4-ngram_grammar-b4", "2x4-history_rollouts-b4", "2x4-hybrid-b4"]
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_sharded_cases_accept_drafts(single):
     """The comparison covers multi-token commits: with the noisy-target drafter and early exit
     (``-m slow``), every batch-4 row accepts drafts (seen: 3-7 of 10 tokens per row); the tree
     of the noisy-target drafter and the gated early exit accept some (seen: 6, 6, 0, 1 and 3, 0, 7, 3)."""
-    for name in ("1x8-model_sharded-b4", "4x2-model-b4", "2x4-early_exit-b4"):
+    for name in ("1x8-model_sharded-b4", "4x2-model-b4", "2x4-early_exit-b4", "2x4-hybrid-b4"):
         if name in single["cases"]:
             assert min(single["cases"][name]["sharded"]["accepted"]) > 0, name
     for name in ("2x4-model_tree-b4", "2x4-early_exit_gated-b4", "2x4-history_rollouts-b4"):

@@ -122,16 +122,26 @@ class HybridDrafter:
         return Capabilities(abstains=True, shares_target_weights=self.fallback.capabilities.shares_target_weights,
                             verify_widths=tuple(sorted(w for w in widths if w < self.n_nodes)))
 
-    def localized(self, model_shards: int):
-        """Raise ``ValueError``: a hybrid runs without a mesh."""
-        raise ValueError("HybridDrafter runs without mesh=")
+    def localized(self, model_shards: int) -> HybridDrafter:
+        """The hybrid as each of ``model_shards`` shards runs it: its fallback localized
+        (``ModelDrafter.localized``; ``first`` has no weights to split).
+
+        Raises:
+          ValueError: ``model_shards`` does not divide the draft model's heads, MLP width or vocabulary.
+        """
+        return dataclasses.replace(self, fallback=self.fallback.localized(model_shards))
 
     def select_params(self, target_params, drafter_params):
-        """``(first's, fallback's)``, each as its drafter runs on them (a draft model's matrices
-        laid out for the CPU kernel, as ``generate`` lays out a ``ModelDrafter``'s)."""
+        """``(first's, fallback's)``, each as its drafter selects them."""
         p0, p1 = drafter_params
-        p1 = layout.for_run(p1, self.fallback.config) if p1 is not None else None
         return (self.first.select_params(target_params, p0), self.fallback.select_params(target_params, p1))
+
+    def laid_out(self, drafter_params):
+        """The pair with the draft model's matrices laid out for the CPU kernel
+        (``jaxspec.models.layout.for_run``), as ``generate`` lays out a ``ModelDrafter``'s
+        params when it runs without a mesh."""
+        p0, p1 = drafter_params
+        return (p0, None if p1 is None else layout.for_run(p1, self.fallback.config))
 
     def validate(self, target_config: ModelConfig, drafter_params) -> None:
         """Raise ``ValueError`` unless the params are a pair that each drafter takes."""

@@ -96,7 +96,8 @@ CASES = [Case(f"{d}x{m}-plain-b{b}", (d, m), "plain", b) for (d, m), b in zip(ME
       ] + [Case("2x4-early_exit_gated-b4", (2, 4), "early_exit", 4, gate=2.5)
            ] + [Case("2x4-ngram_grammar-b4", (2, 4), "ngram", 4, grammar=True)  # structured output: tables
                 ] + [Case("2x4-history-b4", (2, 4), "history", 4),  # rollout history: siblings per data shard
-                     Case("2x4-history_rollouts-b4", (2, 4), "history_rollouts", 4)]  # + a RolloutHistory per row
+                     Case("2x4-history_rollouts-b4", (2, 4), "history_rollouts", 4),  # + a RolloutHistory per row
+                     Case("2x4-hybrid-b4", (2, 4), "hybrid", 4)]  # history for rows 0-1, a draft model's chain elsewhere
 # replicated, each row's start state over `data`  # the acceptance gate: rows gated per
 # data shard, then a second (plain) while loop, with a drafter whose forward holds the target's collectives
 MULTI_CASES = ("4x2-ngram-b4", "1x8-plain-b1")  # also run by two processes
@@ -152,6 +153,10 @@ def run(params, draft_params, case: Case, mesh=None):
     """Generate for ``case`` (batch 1: greedy, then sampled with the same program)."""
     if case.drafter == "history_rollouts":
         d, dp = drafter("history", None)[0], earlier_rollouts(params, case.batch)
+    elif case.drafter == "hybrid":  # rows 0-1 have an earlier rollout, rows 2-3 take the draft model
+        d = jaxspec.HybridDrafter(jaxspec.HistoryDrafter(gamma=3, tree_nodes=6, min_n=2),
+                                  jaxspec.ModelDrafter(TARGET, gamma=3, confidence=0.0))
+        dp = (earlier_rollouts(params, 2), draft_params)
     else:
         d, dp = drafter(case.drafter, draft_params)
     n_programs = len(jaxspec.api._COMPILED)
