@@ -319,7 +319,7 @@ def _draft(drafter, drafter_params, inputs: Inputs, rule, keys, root, s: LoopSta
     if drafter is None:  # plain decoding (a gated program's second loop passes the drafter's state on)
         return s.drafter_state, Proposal.empty(root.shape[0])
     context = Context(s.tokens, s.seq_lens, fold_rows(keys, 0), inputs.sampling, s.history, inputs.grammar,
-                      s.grammar_state)
+                      s.grammar_state, ~s.done & s.speculating)
     drafter_state, proposal = drafter.propose(drafter_params, s.drafter_state, context)
     if inputs.grammar is not None and proposal.q is None:  # forced drafts in, forbidden ones out
         proposal = grammar.constrain(inputs.grammar, s.grammar_state, proposal, s.spelling)

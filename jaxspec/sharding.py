@@ -270,11 +270,11 @@ def _per_row(drafter_params) -> bool:
     return isinstance(drafter_params, HistoryRows)
 
 
-def _drafter_specs(drafter_params, sharded: bool):
+def _drafter_specs(drafter, drafter_params, sharded: bool):
     """PartitionSpecs of a drafter's params: ``_per_row`` ones over ``data``, weights as
     ``param_specs``; a ``HybridDrafter``'s pair part by part."""
-    if isinstance(drafter_params, tuple):
-        return tuple(_drafter_specs(p, sharded) for p in drafter_params)
+    if getattr(drafter, "kind", None) == "hybrid":
+        return tuple(_drafter_specs(d, p, sharded) for d, p in zip((drafter.first, drafter.fallback), drafter_params))
     if _per_row(drafter_params):
         return jax.tree_util.tree_map(lambda _: P(DATA), drafter_params)
     return param_specs(drafter_params, sharded)
@@ -316,7 +316,7 @@ class Plan:
         """A drafter's params on the mesh: a history's rows over ``data`` with their rows, a
         draft model's weights split over ``model`` (``drafter_sharded``) or replicated, a view
         of the target's as placed; a ``HybridDrafter``'s pair part by part."""
-        if isinstance(drafter_params, tuple):
+        if getattr(drafter, "kind", None) == "hybrid":
             return tuple(self._place_drafter_params(d, p) for d, p in zip((drafter.first, drafter.fallback),
                                                                            drafter_params))
         if _per_row(drafter_params):
@@ -330,7 +330,7 @@ class Plan:
         shard) as the whole-mesh function under ``jax.shard_map``, its output rows gathered over
         ``data`` and replicated on every device."""
         def sharded(target, drafter_params, inputs):
-            in_specs = (param_specs(target), _drafter_specs(drafter_params, self.drafter_sharded), input_specs(inputs))
+            in_specs = (param_specs(target), _drafter_specs(self.drafter, drafter_params, self.drafter_sharded), input_specs(inputs))
             # check_vma=False: the loop predicate and sampled tokens are identical across
             # ``model`` shards by construction (gathered logits, replicated keys), which the
             # varying-manual-axes check cannot see.

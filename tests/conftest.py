@@ -115,8 +115,8 @@ class Tiny:
         """``(drafter, drafter_params)`` of one kind: ``ngram``, ``early_exit`` (first block of
         the target), ``model_noisy`` (target + noise), ``model_confident`` (model_noisy with
         ``confidence=0.1``), ``model_small`` (unrelated DRAFT),
-        ``model_self`` (the target itself: every draft is accepted under greedy), or
-        ``plain`` (no drafter)."""
+        ``model_self`` (the target itself: every draft is accepted under greedy), ``hybrid``
+        (n-gram, then model_small where it finds nothing), or ``plain`` (no drafter)."""
         if kind == "plain":
             return None, None
         if kind == "ngram":
@@ -131,6 +131,10 @@ class Tiny:
             return jaxspec.ModelDrafter(self.cfg, gamma=gamma, confidence=0.0), self.params
         if kind == "model_small":
             return jaxspec.ModelDrafter(self.draft_cfg, gamma=gamma, confidence=0.0), self.draft_params
+        if kind == "hybrid":  # prompt lookup where it matches, model_small's chain elsewhere
+            return jaxspec.HybridDrafter(jaxspec.NGramDrafter(gamma=gamma, max_n=3, min_n=2),
+                                         jaxspec.ModelDrafter(self.draft_cfg, gamma=gamma, confidence=0.0)), \
+                (None, self.draft_params)
         raise ValueError(kind)
 
     def generate(self, prompts, kind: str = "plain", gamma: int = 0, **kw):

@@ -90,15 +90,17 @@ def test_hybrid_bad_input(tiny):
     draft model, params that are not a pair, a history beside a first drafter that reads none.
     (Under a mesh: tests/support/sharded_cases.py, ``2x4-hybrid-b4``.)"""
     model = jaxspec.ModelDrafter(tiny.draft_cfg, gamma=2)
-    with pytest.raises(ValueError, match="first drafter must abstain"):
-        jaxspec.HybridDrafter(jaxspec.ModelDrafter(tiny.draft_cfg, gamma=2, confidence=0.0), model)
+    for first in (jaxspec.ModelDrafter(tiny.draft_cfg, gamma=2, confidence=0.0), jaxspec.LookaheadDrafter(),
+                  jaxspec.GrammarDrafter()):  # never abstains; never abstains; proposes nothing itself
+        with pytest.raises(ValueError, match="first drafter must propose where it finds a match, abstain"):
+            jaxspec.HybridDrafter(first, model)
     with pytest.raises(ValueError, match="fallback must be a ModelDrafter or EarlyExitDrafter"):
         jaxspec.HybridDrafter(jaxspec.NGramDrafter(), jaxspec.NGramDrafter())
     hybrid = jaxspec.HybridDrafter(jaxspec.NGramDrafter(), model)
     kw = dict(config=tiny.cfg, max_new_tokens=4)
     with pytest.raises(ValueError, match=r"must be the pair \(first's params, fallback's params\)"):
         jaxspec.generate(tiny.params, PROMPTS, drafter=hybrid, drafter_params=tiny.draft_params, **kw)
-    with pytest.raises(ValueError, match="needs drafter_params"):
+    with pytest.raises(ValueError, match=r"drafter_params\[1\] \(ModelDrafter's\): .*needs drafter_params"):
         jaxspec.generate(tiny.params, PROMPTS, drafter=hybrid, drafter_params=(None, None), **kw)
     with pytest.raises(ValueError, match="first part of a HybridDrafter's pair"):
         jaxspec.generate(tiny.params, PROMPTS, drafter=hybrid, drafter_params=(_history(tiny), tiny.draft_params),

@@ -93,6 +93,9 @@ class Context:
         ``[B]``), or None. A drafter with q draws from q masked like the target's p
         (``draw_chain``); the engine applies the grammar to proposals without q itself
         (``jaxspec.grammar.constrain``).
+      active: bool ``[B]``, rows still generating and speculating (the engine discards the
+        proposals of the others: done rows, rows the acceptance gate turned off), or None
+        (every row).
     """
 
     tokens: jax.Array
@@ -102,6 +105,7 @@ class Context:
     history: History
     grammar: Any = None
     grammar_state: jax.Array | None = None
+    active: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass

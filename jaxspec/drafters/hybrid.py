@@ -11,9 +11,10 @@ draft model (Shao et al. 2025, arXiv 2511.13841).
 The draft model has to read every token the text gained, drafted by it or not: a step that
 ``first`` drafted emits up to ``first.gamma + 1`` tokens the draft model never saw. The
 hybrid keeps, per row, how many positions the draft model's cache holds (``fed``). A step
-in which every row takes ``first``'s proposal runs no draft model at all (``lax.cond``);
+in which every active row takes ``first``'s proposal runs no draft model at all (a loop of
+0 trips: a ``lax.cond`` would make XLA copy the draft cache each step);
 a step in which some row needs the draft model first reads everything since ``fed``, in
-forwards of ``gamma + 1`` tokens ending at the root (``ModelDrafter.read``, as many as the
+forwards of ``fallback.gamma + 1`` tokens ending at the root (``ModelDrafter.read``, as many as the
 furthest-behind row needs), then drafts. A model step counts only the root as read: the
 drafts it fed and the target kept are read again at the next model step (in the same
 forwards), so the draft model's own ``commit`` is not needed.
@@ -71,7 +72,7 @@ class HybridDrafter:
 
     Attributes:
       first: a drafter that abstains (``capabilities.abstains``) and reads no layer of the
-        target: ``HistoryDrafter``, ``NGramDrafter`` or ``LookaheadDrafter``.
+        target: ``HistoryDrafter`` or ``NGramDrafter``.
       fallback: a ``ModelDrafter`` or ``EarlyExitDrafter``, chain or tree.
 
     ``gamma`` and ``n_nodes`` are the larger of the two drafters'. Params: the pair
@@ -95,9 +96,10 @@ class HybridDrafter:
 
     def __post_init__(self):
         caps = getattr(self.first, "capabilities", None)
-        if caps is None or not caps.abstains or caps.capture or isinstance(self.first, _DraftModel):
-            raise ValueError(f"HybridDrafter's first drafter must abstain where it finds nothing and read no layer of "
-                             f"the target (HistoryDrafter, NGramDrafter, LookaheadDrafter), got "
+        if (caps is None or not caps.abstains or caps.capture or isinstance(self.first, _DraftModel)
+                or getattr(self.first, "kind", None) == "grammar"):  # GrammarDrafter proposes nothing itself
+            raise ValueError(f"HybridDrafter's first drafter must propose where it finds a match, abstain elsewhere "
+                             f"and read no layer of the target (HistoryDrafter, NGramDrafter), got "
                              f"{self.first!r:.120}")
         if not isinstance(self.fallback, _DraftModel):
             raise ValueError(f"HybridDrafter's fallback must be a ModelDrafter or EarlyExitDrafter, got "
@@ -148,8 +150,11 @@ class HybridDrafter:
         if not isinstance(drafter_params, tuple) or len(drafter_params) != 2:
             raise ValueError("HybridDrafter's drafter_params must be the pair (first's params, fallback's params), "
                              f"e.g. (None, draft.params); got a {type(drafter_params).__name__}")
-        self.first.validate(target_config, drafter_params[0])
-        self.fallback.validate(target_config, drafter_params[1])
+        for i, (part, params) in enumerate(zip((self.first, self.fallback), drafter_params)):
+            try:
+                part.validate(target_config, params)
+            except ValueError as e:
+                raise ValueError(f"HybridDrafter's drafter_params[{i}] ({type(part).__name__}'s): {e}") from None
 
     def init(self, params, prefill, max_len) -> HybridState:
         """Both drafters' states; the draft model has read the prompt."""
@@ -158,8 +163,8 @@ class HybridDrafter:
 
     def _catch_up(self, params, cache, context, fed):
         """``(logits [B, V] after the root, cache)`` once the draft model has read positions
-        ``fed .. seq_len - 1`` of every row, in forwards of ``gamma + 1`` tokens ending at the root."""
-        width = self.gamma + 1
+        ``fed .. seq_len - 1`` of every row, in forwards of ``fallback.gamma + 1`` tokens ending at the root."""
+        width = self.fallback.gamma + 1  # what a model step leaves unread; lookup steps take more windows
         chunks = (jnp.max(context.seq_lens - fed) + width - 1) // width  # >= 1: the root is never fed
 
         def body(carry):
@@ -180,17 +185,18 @@ class HybridDrafter:
         use_first = jnp.any(mine.valid, axis=1)
 
         def draft(carry):
-            cache, _ = carry
+            _, cache, _, _ = carry
             logits, cache = self._catch_up(p1, cache, context, state.fed)
             s1, proposal = model.draft(p1, cache, logits, context)
-            return (s1.cache, context.seq_lens), proposal
+            return jnp.bool_(False), s1.cache, context.seq_lens, proposal
 
-        shapes = jax.eval_shape(draft, (state.fallback.cache, state.fed))
-
-        def skip(carry):  # every row drafts with first: no draft model this step
-            return carry, jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[1])
-
-        (cache, fed), theirs = jax.lax.cond(jnp.all(use_first), skip, draft, (state.fallback.cache, state.fed))
+        # The draft model runs only where some active row needs it: a loop of 0 or 1 trips,
+        # not a lax.cond, in which XLA (jaxlib 0.10.2) copies a cache it updates (jaxspec.cache).
+        covered = use_first if context.active is None else use_first | ~context.active
+        nothing = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                         jax.eval_shape(draft, (True, state.fallback.cache, state.fed, None))[3])
+        _, cache, fed, theirs = jax.lax.while_loop(lambda c: c[0], draft,
+                                                   (~jnp.all(covered), state.fallback.cache, state.fed, nothing))
         n = self.n_nodes
         mine, theirs = _pad(mine, n), _pad(theirs, n)
         if mine.q is None and theirs.q is None:
