@@ -127,7 +127,8 @@ def main(argv=None) -> int:
         for t in widths:
             ms = statistics.median(times[(lib, t)])
             results[lib][f"T{t}"] = {"ms": round(ms, 3), "vs_T1": round(ms / one, 2),
-                                     "GB_s": round(args.k * args.n * itemsize / ms / 1e6, 2)}
+                                     # 4 significant digits: a tiny shape's rate is far below 0.01 GB/s
+                                     "GB_s": float(f"{args.k * args.n * itemsize / ms / 1e6:.4g}")}
         print(f"{lib:>14}", "  ".join(f"T={t}: {v['ms']:.2f} ms ({v['vs_T1']:.2f}x, {v['GB_s']:.1f} GB/s)"
                                       for t, v in zip(widths, results[lib].values())))
     print(f"copy bandwidth {copy} GB/s")
