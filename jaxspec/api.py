@@ -309,7 +309,7 @@ def _draft_params(model, drafter, drafter_params):
     if drafter is None and drafter_params is not None:
         raise ValueError("drafter_params given without a drafter: pass the drafter they belong to "
                          "(e.g. drafter=jaxspec.ModelDrafter(draft.config)), or drop them for plain decoding")
-    if getattr(drafter, "kind", None) == "hybrid" and isinstance(drafter_params, tuple) and len(drafter_params) == 2:
+    if _is_hybrid(drafter, drafter_params):
         return (drafter_params[0], _draft_params(model, drafter.fallback, drafter_params[1]))
     if not isinstance(drafter_params, Model):
         return drafter_params
@@ -321,17 +321,23 @@ def _draft_params(model, drafter, drafter_params):
     return drafter_params.params
 
 
-def _history(drafter_params) -> rollouts.RolloutHistory | None:
+def _is_hybrid(drafter, drafter_params) -> bool:
+    """Whether ``drafter_params`` is a ``HybridDrafter``'s pair (told by the drafter's kind, as
+    ``jaxspec.sharding`` does)."""
+    return getattr(drafter, "kind", None) == "hybrid" and isinstance(drafter_params, tuple) and len(drafter_params) == 2
+
+
+def _history(drafter, drafter_params) -> rollouts.RolloutHistory | None:
     """The ``RolloutHistory`` given as ``drafter_params``: a ``HistoryDrafter``'s, or the first
     of a ``HybridDrafter``'s pair; else None."""
-    if isinstance(drafter_params, tuple) and len(drafter_params) == 2:
+    if _is_hybrid(drafter, drafter_params):
         drafter_params = drafter_params[0]
     return drafter_params if isinstance(drafter_params, rollouts.RolloutHistory) else None
 
 
-def _with_history(drafter_params, rows):
+def _with_history(drafter, drafter_params, rows):
     """``drafter_params`` with its history replaced by ``rows`` (``_history``'s place)."""
-    return (rows, drafter_params[1]) if isinstance(drafter_params, tuple) else rows
+    return (rows, drafter_params[1]) if _is_hybrid(drafter, drafter_params) else rows
 
 
 def _history_drafter(drafter):
@@ -380,7 +386,7 @@ def _check(model, sampling, settings: dict, config, tokenizer, drafter, drafter_
     synthetic.check(synthetic_acceptance, allow_synthetic_acceptance, drafter)
     if getattr(drafter, "kind", None) == "grammar" and sc.regex is None and sc.response_format is None:
         raise ValueError("GrammarDrafter drafts the tokens a grammar forces: give regex= or response_format=")
-    if _history(drafter_params) is not None and _history_drafter(drafter) is None:
+    if _history(drafter, drafter_params) is not None and _history_drafter(drafter) is None:
         raise ValueError("a jaxspec.RolloutHistory is the drafter_params of a jaxspec.HistoryDrafter (or the first "
                          f"part of a HybridDrafter's pair whose first drafter is one), got the drafter {drafter!r:.120}")
     if synthetic_acceptance is not None and (sc.regex is not None or sc.response_format is not None):
@@ -402,7 +408,7 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
         drafter = drafter_params = gate_tau = None
     if synthetic_acceptance is not None:  # a benchmark of the system at chosen rates: never gated
         gate_tau = None
-    history = _history(call.drafter_params)
+    history = _history(call.drafter, call.drafter_params)
     if history is not None:
         history.check_rows(req.rows)  # before the run: the call's rollouts must fit the history
     misses = None if history is None else history.misses(req.rows)  # counted even when the policy decodes plainly
@@ -422,7 +428,7 @@ def _setup(call: Call, req: request.Request, *, mesh, shard_drafter: bool, synth
         drafter_params = drafter.select_params(params, laid_out)
     shapes = request.buckets(req, engine.window(drafter, call.min_pass_tokens), 1 if plan is None else plan.data)
     if history is not None and drafter is not None:  # the one drafter input that depends on the rows
-        drafter_params = _with_history(drafter_params, history.rows(req.rows, shapes.batch))
+        drafter_params = _with_history(drafter, drafter_params, history.rows(req.rows, shapes.batch))
     sc = call.sampling
     lp_spec = None if sc.logprobs is None else engine.LogprobsSpec(sc.logprobs, sc.logprobs_mode)
     rule = acceptance.EXACT if synthetic_acceptance is None else synthetic.SYNTHETIC
@@ -578,7 +584,7 @@ def generate(
     out, compile_s, run_s = _run(setup.program, params, drafter_params, inputs)
     res = result.make(out.rows(len(req.rows)), req, setup.program.gamma, call.tokenizer, compile_s or 0.0, run_s,
                       synthetic_acceptance, setup.speculation, setup.gate_tau)
-    history = _history(call.drafter_params)
+    history = _history(call.drafter, call.drafter_params)
     history = None if history is None else history.add(req.rows, res.tokens)
     host_s = time.perf_counter() - t_call - (compile_s or 0.0) - run_s
     metrics = dataclasses.replace(res.metrics, compiled=compile_s is not None, host_s=host_s,

@@ -330,7 +330,8 @@ class Plan:
         shard) as the whole-mesh function under ``jax.shard_map``, its output rows gathered over
         ``data`` and replicated on every device."""
         def sharded(target, drafter_params, inputs):
-            in_specs = (param_specs(target), _drafter_specs(self.drafter, drafter_params, self.drafter_sharded), input_specs(inputs))
+            in_specs = (param_specs(target), _drafter_specs(self.drafter, drafter_params, self.drafter_sharded),
+                        input_specs(inputs))
             # check_vma=False: the loop predicate and sampled tokens are identical across
             # ``model`` shards by construction (gathered logits, replicated keys), which the
             # varying-manual-axes check cannot see.
