@@ -12,12 +12,13 @@ compiled with XLA's dot (``cpu_matmul.disabled()``) and the two are interleaved 
 ``jaxspec.load`` lays them out there: projection matrices in panels, ``jaxspec.models.layout``),
 ``<model>/kn`` (the kernel over plain ``[K, N]`` matrices), ``<model>/plain_head`` (projections in
 panels, the output head a plain matrix: a tied ``[V, D]`` table through the ``[N, K]`` kernel;
-``--kernel layouts`` only) and ``<model>/xla`` (XLA's dot over plain matrices).
+``--kernel layouts`` only), ``<model>/xla`` (XLA's dot over plain matrices) and ``<model>/avx2``
+(the kernel's AVX2 path on a CPU with AVX-512; ``--kernel isas``).
 
 Run from the repository root::
 
     python -m benchmarks.bench_pass_cost [--models smollm2-135m,gemma3-270m] [--reps 15]
-        [--widths 1,2,5,9,17] [--dtype bfloat16] [--kernel both|layouts|on|off]
+        [--widths 1,2,5,9,17] [--dtype bfloat16] [--kernel both|layouts|isas|on|off]
 
 Writes ``benchmarks/results/pass_cost_<models>[-<dtype>]_<host kind>_<date>.json`` (machine, versions, command) and prints a table.
 """
@@ -80,10 +81,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSON path (\".json\" added when missing; default: benchmarks/results/pass_cost_<models>[-<dtype>]_<host kind>_<date>.json)")
     ap.add_argument("--widths", default=",".join(map(str, WIDTHS)), help="comma-separated T values")
     ap.add_argument("--dtype", default=None, choices=("float32", "bfloat16"), help="parameter dtype (jaxspec.load)")
-    ap.add_argument("--kernel", default="both", choices=("both", "layouts", "on", "off"),
+    ap.add_argument("--kernel", default="both", choices=("both", "layouts", "isas", "on", "off"),
                     help="CPU kernel, XLA's dot, or both interleaved (default; 'on' where the kernel is absent); "
                          "'layouts': the kernel over panels and over plain matrices only (XLA's bfloat16 passes "
-                         "take ~200 ms and slow whatever runs next)")
+                         "take ~200 ms and slow whatever runs next); 'isas': the kernel's AVX-512 and AVX2 paths "
+                         "(one program, cpu_matmul.limit_isa)")
     args = ap.parse_args(argv)
     widths = tuple(int(w) for w in args.widths.split(","))
 
@@ -94,8 +96,10 @@ def main(argv=None) -> int:
 
     # whether weight products take the kernel (JAXSPEC_CPU_KERNEL unset or 1; 0: XLA's dot)
     kernel = jax.default_backend() == "cpu" and cpu_matmul.active()
-    variants = {"both": ("", "/kn", "/xla"), "layouts": ("", "/plain_head", "/kn"), "on": ("",), "off": ("/xla",)}[
-        args.kernel if kernel else "on"]
+    variants = {"both": ("", "/kn", "/xla"), "layouts": ("", "/plain_head", "/kn"), "isas": ("", "/avx2"),
+                "on": ("",), "off": ("/xla",)}[args.kernel if kernel else "on"]
+    if "/avx2" in variants and cpu_matmul.isa() != "avx512":
+        ap.error(f"--kernel isas compares the AVX-512 and AVX2 paths; this CPU runs {cpu_matmul.isa()}")
     load_before = os.getloadavg()
     results = {}
     for name in args.models.split(","):
@@ -115,10 +119,14 @@ def main(argv=None) -> int:
             with cpu_matmul.disabled():
                 return off(*a)
 
+        def avx2_verify(*a):  # `on`'s program with the kernels capped at their AVX2 path, run to its end
+            with cpu_matmul.limit_isa("avx2"):
+                return on(*a).block_until_ready()
+
         kn = jax.jit(lambda *a: verify_fn(*a), compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
         # plain_head and arrays are other pytrees than params: `kn` traces each apart
         passes = {name + v: {"": (on, params), "/plain_head": (kn, plain_head), "/kn": (kn, arrays),
-                             "/xla": (xla_verify, arrays)}[v] for v in variants}
+                             "/xla": (xla_verify, arrays), "/avx2": (avx2_verify, params)}[v] for v in variants}
         calls = {}
         for t in widths:
             calls[t] = verify_args(cfg, params["embed"].dtype, t, args.slots, args.committed)

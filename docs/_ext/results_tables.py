@@ -36,6 +36,8 @@ RESULTS = {
     "pass_cost_qwen_panels_bf16_cpu": ("benchmarks/results/pass_cost_qwen2.5-coder-1.5b-bfloat16_cpu_2026-12-07.json", "pass_cost"),
     "pass_profile_cpu": ("benchmarks/results/pass_profile_smollm2-135m_cpu_2026-12-07.json", "pass_profile"),
     "pass_profile_bf16_cpu": ("benchmarks/results/pass_profile_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_profile"),
+    "pass_cost_isas_cpu": ("benchmarks/results/pass_cost_smollm2_isas_cpu_2026-12-07.json", "pass_cost"),
+    "pass_cost_isas_bf16_cpu": ("benchmarks/results/pass_cost_smollm2_isas_bf16_cpu_2026-12-07.json", "pass_cost"),
     "pass_cost_panels_bf16_cpu": ("benchmarks/results/pass_cost_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_cost"),
     "spec_bench_smollm2_panels": ("benchmarks/results/spec_bench_smollm2-135m-panels_cpu_2026-12-07.json", "spec_bench"),
     "spec_bench_smollm2_panels_bf16": ("benchmarks/results/spec_bench_smollm2-135m-panels-bfloat16_cpu_2026-12-07.json", "spec_bench"),
@@ -169,7 +171,8 @@ def pass_cost(path: str, d: dict) -> str:
     md += ["", f"One target pass over T new tokens, {s.get('dtype') or 'float32'} weights, {s['slots']}-slot cache, "
            f"medians of {s['reps']} interleaved calls; `/xla`: the same pass with XLA's dot for the weight products; "
            f"`/kn`: the kernel over plain `[K, N]` matrices (from 2026-12-07 the unmarked row runs them in panels); "
-           f"`/plain_head`: projections in panels, the output head a plain matrix."]
+           f"`/plain_head`: projections in panels, the output head a plain matrix; `/avx2`: the same program with "
+           f"the kernels capped at their AVX2 path (`cpu_matmul.limit_isa`)."]
     return "\n".join(md + _source(path, d, re.search(r"\d{4}-\d\d-\d\d", path).group()))
 
 

@@ -203,7 +203,7 @@ def _generate(args) -> int:
 
 def _matmul_path() -> str:
     """Which path the weight products took, for ``--compare``'s line: on a CPU backend
-    ``jaxspec cpu kernel (avx2)`` (or ``(portable)``) or ``XLA dot (why)``
+    ``jaxspec cpu kernel (avx512)`` (or ``(avx2)``, ``(portable)``) or ``XLA dot (why)``
     (``jaxspec.kernels.cpu_matmul``, switch ``JAXSPEC_CPU_KERNEL=0``); elsewhere ``XLA dot``."""
     import jax
 

@@ -472,5 +472,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxspecMatmulNK, MatmulNK,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-// 1 when the AVX2/FMA path runs on this CPU, 0 for the portable path (for the CLI's report).
-extern "C" int jaxspec_matmul_isa() { return cpu_has_avx2() ? 1 : 0; }
+// The code path the kernels take now (jaxspec_cpu::cpu_isa): 2 AVX-512, 1 AVX2/FMA, 0 portable.
+extern "C" int jaxspec_matmul_isa() { return jaxspec_cpu::cpu_isa(); }
+
+// Caps the code path at `isa` (2, 1 or 0) from the next kernel call on; returns the previous cap.
+extern "C" int jaxspec_set_isa(int isa) { return jaxspec_cpu::isa_cap().exchange(isa); }

@@ -67,7 +67,8 @@ def _load(path: str) -> tuple[bool, str]:
                    ("attention", lib.JaxspecAttention), ("rope", lib.JaxspecRope))
         for name, symbol in symbols:
             jax.ffi.register_ffi_target(_TARGETS[name], jax.ffi.pycapsule(symbol), platform="cpu")
-        isa = "avx2" if lib.jaxspec_matmul_isa() else "portable"
+        isa = ISAS[lib.jaxspec_matmul_isa()]
+        _state["lib"] = lib
     except (OSError, AttributeError, RuntimeError, ValueError, TypeError) as exc:
         return False, f"the CPU matmul kernel failed to load ({type(exc).__name__}: {exc})"
     return True, isa
@@ -168,11 +169,46 @@ def active_parts() -> tuple[str, ...]:
 
 
 def describe() -> str:
-    """Which path weight products take on CPU: ``"jaxspec cpu kernel (avx2)"`` (or
-    ``(portable)``), or ``"XLA dot"`` with the reason."""
+    """Which path weight products take on CPU: ``"jaxspec cpu kernel (avx512)"`` (or
+    ``(avx2)``, ``(portable)``), or ``"XLA dot"`` with the reason."""
     if enabled():
-        return f"jaxspec cpu kernel ({_state['isa']})"
+        return f"jaxspec cpu kernel ({isa()})"
     return f"XLA dot ({_state['why']})"
+
+
+# The kernels' code paths, by what the library's run-time choice returns: the widest the CPU has
+# (``avx512``: AVX-512F; ``avx2``: AVX2 with FMA), unless ``limit_isa`` caps it.
+ISAS = ("portable", "avx2", "avx512")
+
+
+def isa() -> str | None:
+    """The code path the kernels take now (one of ``ISAS``), or None when the kernel is off."""
+    if not enabled():
+        return None
+    return ISAS[_state["lib"].jaxspec_matmul_isa()]
+
+
+@contextlib.contextmanager
+def limit_isa(name: str):
+    """Within this block, the kernels take at most the ``name`` code path (of ``ISAS``): decided
+    at each kernel call, so one compiled program runs both paths, e.g. an A/B of the AVX-512 and
+    AVX2 products in one process. The AVX-512 and AVX2 products are bitwise equal (each output the
+    same float32 FMA chain); the portable path is not (its products are unfused). Process-wide:
+    not for use while another thread runs kernels.
+
+    Raises:
+      ValueError: ``name`` not in ``ISAS``.
+      RuntimeError: the kernel is off (``enabled``).
+    """
+    if name not in ISAS:
+        raise ValueError(f"isa must be one of {ISAS}, got {name!r}")
+    if not enabled():
+        raise RuntimeError(f"the CPU matmul kernel is off: {describe()}")
+    before = _state["lib"].jaxspec_set_isa(ISAS.index(name))
+    try:
+        yield
+    finally:
+        _state["lib"].jaxspec_set_isa(before)
 
 
 # What XLA compiles around the kernels must not depend on the row count either:

@@ -22,11 +22,14 @@
 // group sizes balanced: T = 8 runs as 4 + 4). A group's partial sums go to a small buffer
 // between k blocks and come back unchanged. The second group prefetches the next block, a
 // first group of 4-6 rows the lines ahead of it (see panels()). A pass
-// of 1-3 rows takes two panels at once (tile2_avx2).
+// of 1-3 rows takes two panels at once (tile2_avx2). On a CPU with AVX-512 a panel's 16 columns
+// are one register, so a tile holds up to 12 rows and one weight load feeds 12 FMAs
+// (tile_avx512): windows of 7-12 rows run as one group, streaming the weights once, where AVX2
+// runs two.
 //
 // Row invariance: every y[t, n] is one sequential float32 chain over k = 0 .. K-1
-// (acc = fma(x[t, k], W[k, n], acc) from 0 on the AVX2 path; acc = acc + x * w, unfused, on the
-// portable one), whatever T, the group t falls in, the other weights in the call or the thread.
+// (acc = fma(x[t, k], W[k, n], acc) from 0 on the AVX2 and AVX-512 paths, which so give the same
+// bits; acc = acc + x * w, unfused, on the portable one), whatever T, the group t falls in, the other weights in the call or the thread.
 // So row t of a T-row product is bitwise the 1-row product of x[t].
 //
 // Threads: XLA's intra-op thread pool (parallel_chunks, cpu_parallel.h), over ranges of panels.
@@ -43,10 +46,10 @@ namespace ffi = xla::ffi;
 namespace {
 
 using jaxspec_cpu::bf16_to_f32;
-using jaxspec_cpu::cpu_has_avx2;
 using jaxspec_cpu::parallel_chunks;
 #ifdef JAXSPEC_X86
 using jaxspec_cpu::load_w8;
+using jaxspec_cpu::load_w16;
 #endif
 
 constexpr int64_t kPanel = 16;             // output columns per panel
@@ -165,6 +168,38 @@ __attribute__((target("avx2,fma"))) void tile2_avx2(const float* x, int64_t ldx,
 #undef JAXSPEC_STORE2
 }
 
+// AVX-512: a panel's 16 columns are one register, so a tile holds up to 12 rows (12
+// accumulators; one weight load feeds 12 FMAs). Each output's chain
+// is tile_avx2's, fma(x[t, k], W[k, n], acc) from 0 over k in order: bitwise the same sums.
+#define JAXSPEC_ROWS12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+constexpr int kRows512 = 12;
+
+template <int R, bool BF16>
+__attribute__((target("avx512f"))) void tile_avx512(const float* x, int64_t ldx, const void* w, int64_t kc,
+                                                     float* part, bool first, const char* ahead, bool l1) {
+  static_assert(R >= 1 && R <= kRows512, "rows per tile");
+#define JAXSPEC_INIT(r)                                                       \
+  __m512 a##r = _mm512_setzero_ps();                                          \
+  if (R > r && !first) a##r = _mm512_loadu_ps(part + r * kPanel);
+  JAXSPEC_ROWS12(JAXSPEC_INIT)
+#undef JAXSPEC_INIT
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 w0 = load_w16<BF16>(w, k * kPanel);
+    if (ahead && (k & 1) == 0) _mm_prefetch(ahead + 32 * k, _MM_HINT_T1);
+    if (!BF16 && l1) _mm_prefetch(static_cast<const char*>(w) + (k + kAheadLines) * kPanel * 4, _MM_HINT_T0);
+#define JAXSPEC_FMA(r) \
+    if (R > r) a##r = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + k]), w0, a##r);
+    JAXSPEC_ROWS12(JAXSPEC_FMA)
+#undef JAXSPEC_FMA
+  }
+#define JAXSPEC_STORE(r) \
+  if (R > r) _mm512_storeu_ps(part + r * kPanel, a##r);
+  JAXSPEC_ROWS12(JAXSPEC_STORE)
+#undef JAXSPEC_STORE
+}
+
+#undef JAXSPEC_ROWS12
+
 using Tile2 = void (*)(const float*, int64_t, const void*, const void*, int64_t, float*, float*, bool);
 template <bool BF16>
 constexpr Tile2 kTiles2[3] = {tile2_avx2<1, BF16>, tile2_avx2<2, BF16>, tile2_avx2<3, BF16>};
@@ -173,6 +208,11 @@ using Tile = void (*)(const float*, int64_t, const void*, int64_t, float*, bool,
 template <bool BF16>
 constexpr Tile kTiles[kRows] = {tile_avx2<1, BF16>, tile_avx2<2, BF16>, tile_avx2<3, BF16>,
                                 tile_avx2<4, BF16>, tile_avx2<5, BF16>, tile_avx2<6, BF16>};
+template <bool BF16>
+constexpr Tile kTiles512[kRows512] = {
+    tile_avx512<1, BF16>, tile_avx512<2, BF16>, tile_avx512<3, BF16>,  tile_avx512<4, BF16>,
+    tile_avx512<5, BF16>, tile_avx512<6, BF16>, tile_avx512<7, BF16>,  tile_avx512<8, BF16>,
+    tile_avx512<9, BF16>, tile_avx512<10, BF16>, tile_avx512<11, BF16>, tile_avx512<12, BF16>};
 #endif
 
 // Panel p's columns of y's t rows from `part` (the rows' 16 sums, 16 floats apart; zeros when
@@ -185,20 +225,21 @@ void store_panel(const Weight& w, int64_t t, int64_t k, float* part, int64_t p) 
   }
 }
 
-// Panels [p0, p1) of one weight: y[:, 16 p0 .. 16 p1) = x @ W[:, those columns].
-void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, int64_t p1, bool avx2) {
+// Panels [p0, p1) of one weight: y[:, 16 p0 .. 16 p1) = x @ W[:, those columns]. isa: cpu_isa().
+void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, int64_t p1, int isa) {
   const int64_t esize = w.bf16 ? 2 : 4;
-  const int groups = static_cast<int>((t + kRows - 1) / kRows);
+  const int rows = isa >= 2 ? kRows512 : kRows;
+  const int groups = static_cast<int>((t + rows - 1) / rows);
   int starts[kMaxT], sizes[kMaxT];
-  for (int g = 0, t0 = 0; g < groups; ++g) {  // balanced groups: T = 8 -> 4 + 4, T = 13 -> 5 + 4 + 4
+  for (int g = 0, t0 = 0; g < groups; ++g) {  // balanced groups: T = 8 -> 4 + 4, T = 13 -> 5 + 4 + 4 (AVX2)
     sizes[g] = static_cast<int>(t / groups + (g < t % groups ? 1 : 0));
     starts[g] = t0;
     t0 += sizes[g];
   }
-  alignas(32) float part[kMaxT * kPanel];
+  alignas(64) float part[kMaxT * kPanel];
   int64_t p = p0;
 #ifdef JAXSPEC_X86
-  if (avx2 && t <= 3) {  // pairs of panels (tile2_avx2)
+  if (isa == 1 && t <= 3) {  // pairs of panels (tile2_avx2)
     alignas(32) float part2[3 * kPanel];
     for (; p + 1 < p1; p += 2) {
       const char* pa = static_cast<const char*>(w.panels) + p * k * kPanel * esize;
@@ -220,7 +261,7 @@ void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, i
         const float* xg = x + starts[g] * k + k0;
         float* pg = part + starts[g] * kPanel;
 #ifdef JAXSPEC_X86
-        if (avx2) {
+        if (isa >= 1) {
           // Prefetch. The second group reads the block from L1: no demand miss leads the hardware
           // prefetcher on meanwhile, so this group asks for the next block (into L2), one line per
           // two k: 128 lines, all of a bfloat16 block and half of a float32 one (measured: T = 8
@@ -231,11 +272,16 @@ void panels(const float* x, int64_t t, int64_t k, const Weight& w, int64_t p0, i
           // for the next block into L2 like a second group (measured on [1536, 8960] products,
           // A/B of two builds in one process: T = 4-6 1.15x T = 1 instead of 1.21-1.30x in
           // float32, 1.22-1.31x instead of 1.50-1.61x in bfloat16; the L1 prefetch did less for
-          // bfloat16, the L2 one less for float32).
-          const bool streams = g == 0 && sizes[0] > 3;
+          // bfloat16, the L2 one less for float32). An AVX-512 tile takes no pairs of panels, and a
+          // first group of any size prefetches so (measured, A/B in one process on the same
+          // products: pairs made bfloat16 T = 2-3 cost 1.09-1.19x T = 1 instead of 0.99-1.03x, and
+          // did nothing for float32; in SmolLM2-135M passes no faster in either dtype).
+          const bool streams = g == 0 && (isa >= 2 || sizes[0] > 3);
           const bool next = g == 1 || (w.bf16 && streams && groups == 1);
           const char* ahead = next ? static_cast<const char*>(wb) + kc * kPanel * esize : nullptr;
-          (w.bf16 ? kTiles<true> : kTiles<false>)[sizes[g] - 1](xg, k, wb, kc, pg, k0 == 0, ahead, streams);
+          const Tile tile = isa >= 2 ? (w.bf16 ? kTiles512<true> : kTiles512<false>)[sizes[g] - 1]
+                                     : (w.bf16 ? kTiles<true> : kTiles<false>)[sizes[g] - 1];
+          tile(xg, k, wb, kc, pg, k0 == 0, ahead, streams);
           continue;
         }
 #endif
@@ -283,7 +329,7 @@ ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::RemainingAr
     elems += k * n;
   }
   if (t == 0) return ffi::Error::Success();
-  const bool avx2 = cpu_has_avx2();
+  const int isa = jaxspec_cpu::cpu_isa();
   // Units of work: ranges of at most kChunkPanels panels of one weight, about 8 per thread, the
   // last 2 x threads of them 2 panels (a pair for tile2_avx2) so that the threads finish close
   // together (measured: the caller waited 3-6 us per call for the other thread's last unit).
@@ -307,7 +353,7 @@ ffi::Error MatmulPanels(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::RemainingAr
     jaxspec_cpu::widen(static_cast<const uint16_t*>(x.untyped_data()), t * k, widened.data());
     xf = widened.data();
   }
-  auto run = [&](int64_t u) { panels(xf, t, k, weights[units[u].w], units[u].p0, units[u].p1, avx2); };
+  auto run = [&](int64_t u) { panels(xf, t, k, weights[units[u].w], units[u].p0, units[u].p1, isa); };
   if (elems < kSerialBelow) {
     for (int64_t u = 0; u < static_cast<int64_t>(units.size()); ++u) run(u);
   } else {

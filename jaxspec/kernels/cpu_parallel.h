@@ -75,14 +75,28 @@ void parallel_chunks(ffi::ThreadPool& pool, int64_t chunks, const Fn& fn) {
   }
 }
 
-inline bool cpu_has_avx2() {
+// The widest code path the kernels take: 2 AVX-512 (F), 1 AVX2/FMA, 0 portable. The CPU's, at
+// most the cap that jaxspec_set_isa sets (cpu_matmul.limit_isa: side-by-side runs of two paths
+// in one process, and the tests that compare them bit for bit). The AVX-512 products are
+// bitwise the AVX2 ones (each output the same float32 FMA chain, only more columns per
+// instruction); the portable path is unfused.
+inline std::atomic<int>& isa_cap() {
+  static std::atomic<int> cap{2};
+  return cap;
+}
+
+inline int cpu_isa() {
 #ifdef JAXSPEC_X86
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
+  static const int has = !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 0
+                         : __builtin_cpu_supports("avx512f")                                 ? 2
+                                                                                              : 1;
+  return std::min(has, isa_cap().load(std::memory_order_relaxed));
 #else
-  return false;
+  return 0;
 #endif
 }
+
+inline bool cpu_has_avx2() { return cpu_isa() >= 1; }
 
 // bfloat16 -> float32: exact (the 16 bits are float32's top half).
 inline float bf16_to_f32(uint16_t v) {
@@ -120,6 +134,16 @@ __attribute__((target("avx2,fma"))) inline __m256 load_w8(const void* w, int64_t
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
   }
   return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+}
+
+// Sixteen weights from w + i as floats (AVX-512), as load_w8.
+template <bool BF16>
+__attribute__((target("avx512f"))) inline __m512 load_w16(const void* w, int64_t i) {
+  if (BF16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w) + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_loadu_ps(static_cast<const float*>(w) + i);
 }
 #endif
 
