@@ -481,8 +481,9 @@ def generate(
 
     "Exactly" holds for the arithmetic too on CPU: bit for bit in logits, float32 and bfloat16
     (row-invariant kernels, docs/cpu_kernel.md; the tests assert equal tokens and logprobs for
-    every drafter) while a pass has at most ``cpu_matmul.MAX_ROWS`` (64) rows, the batch bucket
-    times the verify window. On a GPU XLA runs other kernels for 1 and for T tokens, which
+    every drafter) while a pass has at most ``linear.CHUNKED_ROWS`` (640) rows, the batch bucket
+    times the verify window (64, ``cpu_matmul.MAX_ROWS``, with a params tree left as plain
+    matrices: under ``mesh=``). On a GPU XLA runs other kernels for 1 and for T tokens, which
     round differently: in bfloat16 on an H200 a near-tie then flips, and greedy output can
     diverge from plain decoding's (``benchmarks/greedy_exactness.py``; docs/benchmarks.md, "Greedy exactness on GPU").
 

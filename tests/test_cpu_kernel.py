@@ -246,7 +246,8 @@ def test_linears_bitwise_equal_separate_products(wdtype):
 def test_linear_takes_panels():
     """A matrix as layout.Panels goes through linear/linears like the array: the panel kernel
     up to MAX_ROWS rows (each product bitwise matmul_panels alone, for every T, also inside
-    linears), XLA's dot past it (within rounding of x @ w); a mix of panels and arrays; and
+    linears), then MAX_ROWS rows per call up to CHUNKED_ROWS (a prefill: each row bitwise its
+    1-row product), XLA's dot past that (within rounding of x @ w); a mix of panels and arrays; and
     gradients equal those of x @ w, the weight's gradient coming back as Panels."""
     x, _ = _operands(600, 8, 2 * (linear_mod.MAX_ROWS // 2 + 1), jnp.float32, seed=6)
     ws = [jnp.asarray(np.random.default_rng(i).standard_normal((600, n), np.float32)) for i, n in enumerate((300, 37))]
@@ -261,9 +262,14 @@ def test_linear_takes_panels():
         mixed = jax.jit(linear_mod.linears)(xt, (ps[0], ws[1]))
         np.testing.assert_array_equal(np.asarray(mixed[0]), alone[0])
         np.testing.assert_array_equal(np.asarray(mixed[1]), np.asarray(one(xt, ws[1])))
-    x3 = jnp.asarray(x).reshape(2, -1, 600)
-    assert not linear_mod.kernel_applies(x3, ps[0])
-    np.testing.assert_allclose(np.asarray(one(x3, ps[0])), np.asarray(x3 @ ws[0]), rtol=1e-4, atol=1e-4)
+    x3 = jnp.asarray(x).reshape(2, -1, 600)  # MAX_ROWS + 2 rows: the kernel, in two calls
+    assert linear_mod.kernel_applies(x3, ps[0]) and not linear_mod.kernel_applies(x3, ws[0])
+    rows = np.stack([np.asarray(cpu_matmul.matmul_panels(jnp.asarray(x[t : t + 1]), [ps[0].data], [300])[0])[0]
+                     for t in range(len(x))])
+    np.testing.assert_array_equal(np.asarray(one(x3, ps[0])).reshape(len(x), 300), rows)
+    big = jnp.zeros((linear_mod.CHUNKED_ROWS + 1, 600)).at[: len(x)].set(x)  # past CHUNKED_ROWS: XLA
+    assert not linear_mod.kernel_applies(big, ps[0])
+    np.testing.assert_allclose(np.asarray(one(big, ps[0]))[: len(x)], np.asarray(x @ ws[0]), rtol=1e-4, atol=1e-4)
     yb = one(x3[:, :4].astype(jnp.bfloat16), layout.pack(ws[0].astype(jnp.bfloat16)))
     assert yb.dtype == jnp.bfloat16 and yb.shape == (2, 4, 300)
 

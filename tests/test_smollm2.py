@@ -181,8 +181,9 @@ def test_lookahead_greedy_equals_plain():
     """Lookahead decoding (Jacobi window plus n-gram pool) gives plain decoding's tokens and
     logprobs (``assert_same``): its window entries are scored but never emitted, the pool's
     candidates are verified as a trie. A 13-entry window: the 3 prompts run as a batch of 4,
-    52 rows a pass, within the kernels' ``MAX_ROWS`` (64); with W = G = 4 (17 entries, 68 rows)
-    the products take XLA's dot and the logprobs differ in the last bits (seen)."""
+    52 rows a pass, one kernel call per product (``MAX_ROWS``, 64); wider passes take the panel
+    kernel 64 rows per call up to ``linear.CHUNKED_ROWS`` (640) rows, XLA's dot past that (whose
+    logprobs differ in the last bits)."""
     spec = jaxspec.generate(smollm2(), PROMPTS, chat=True, max_new_tokens=NEW_TOKENS, logprobs=LOGPROBS,
                             drafter=jaxspec.LookaheadDrafter(window=3, ngram=3, guesses=3, pool_size=256))
     assert_same(spec, plain())
