@@ -4,7 +4,9 @@ XLA (``jax.jit``), with jaxspec's small-T kernel (``jaxspec.kernels.cpu_matmul``
 bfloat16 weights) and with numpy's BLAS, at the shape of Qwen2.5-Coder-1.5B's MLP (K 1536,
 N 8960). Column ``jax_nk`` / ``kernel_nk``: the same product with the weights stored ``[N, K]``
 (PyTorch's ``nn.Linear`` layout, the one GGUF and safetensors files hold, and a tied embedding
-table) and contracted on their minor axis, as ``x @ W.T``.
+table) and contracted on their minor axis, as ``x @ W.T``. Column ``kernel_panels``: the weights
+in panels (``jaxspec.models.layout``), the layout jaxspec's decoder runs on CPU; on a CPU with
+AVX-512, ``kernel_panels_avx2`` is the same program with the kernel capped at its AVX2 path.
 
 Four distinct matrices (220 MB in float32) are multiplied per call so that none stays in cache,
 as in a forward pass; each figure is the median over ``--reps`` calls, per matrix, with the
@@ -82,6 +84,15 @@ def _libraries(args, mats):
                      "kernel_bf16": (jitted(cpu_matmul.matmul_kn, kn16), 2),
                      "kernel_nk_bf16": (jitted(cpu_matmul.matmul_nk, nk16), 2),
                      "kernel_panels": (jitted(panels, pan), 4), "kernel_panels_bf16": (jitted(panels, pan16), 2)})
+        if cpu_matmul.isa() == "avx512":  # the same programs on the kernel's AVX2 path (cpu_matmul.limit_isa)
+            def avx2(run):
+                def capped(x):
+                    with cpu_matmul.limit_isa("avx2"):
+                        return run(x)  # blocks until the result is ready, inside the cap
+                return capped
+
+            runs.update({f"{name}_avx2": (avx2(runs[name][0]), runs[name][1])
+                         for name in ("kernel_panels", "kernel_panels_bf16")})
     return runs
 
 
