@@ -64,6 +64,8 @@ RESULTS = {
                               "rollouts"),
     "rollouts_qwen05_rows4": ("benchmarks/results/rollouts_qwen2.5-coder-0.5b-float32-g4-rows4_cpu_2026-12-07.json",
                               "rollouts"),
+    "rollouts_qwen05_g8_e3": ("benchmarks/results/rollouts_qwen2.5-coder-0.5b-float32-g8-rows1-e3-avx512_cpu_2026-12-07.json",
+                              "rollouts"),
     "rollouts_qwen15_draft": ("benchmarks/results/rollouts_qwen2.5-coder-1.5b-float32-g4-rows1-draft-"
                               "qwen2.5-coder-0.5b_cpu_2026-12-07.json", "rollouts"),
     "accelerator_h200_8b": ("benchmarks/results/accelerator_llama-3.1-8b_nvidia-h200_2026-12-04.json", "accelerator"),
