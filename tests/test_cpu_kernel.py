@@ -550,6 +550,23 @@ def test_switch_off_in_a_fresh_process():
     assert out.stdout.strip() == "False XLA dot (JAXSPEC_CPU_KERNEL=0)"
 
 
+def test_isa_cap_from_the_environment():
+    """JAXSPEC_CPU_ISA caps the kernels' code path for the process (portable: every CPU has it;
+    a product still matches numpy); another value is refused before anything loads, naming the
+    variable and its values."""
+    code = ("import numpy as np, jax.numpy as jnp; from jaxspec.kernels import cpu_matmul as c; "
+            "x, w = np.ones((3, 5), np.float32), np.arange(35, dtype=np.float32).reshape(5, 7); "
+            "assert np.allclose(np.asarray(c.matmul_panels(jnp.asarray(x), [c.pack_panels(jnp.asarray(w))], [7])[0]), x @ w); "
+            "print(c.describe())")
+    env = dict(os.environ, JAXSPEC_CPU_KERNEL="1", JAXSPEC_CPU_ISA="portable", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "jaxspec cpu kernel (portable)"
+    env["JAXSPEC_CPU_ISA"] = "sse"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "JAXSPEC_CPU_ISA must be one of portable, avx2, avx512 (or unset), got 'sse'" in out.stderr
+
+
 def test_default_is_on_for_both_dtypes(monkeypatch):
     """Unset: the kernel takes float32 and bfloat16 weights (measured: SmolLM2's float32 1-token
     pass a little faster, its 2-5-token verify passes much cheaper, bfloat16 several times

@@ -39,6 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 
 ENV_SWITCH = "JAXSPEC_CPU_KERNEL"
+# Caps the kernels' code path for the process (``ISAS``: ``avx2`` on a CPU whose AVX-512 clocks
+# down, ``portable``); unset: the widest the CPU has.
+ENV_ISA = "JAXSPEC_CPU_ISA"
 # Rows (tokens, flattened over the batch for weight products) up to which a pass takes the
 # kernels, and so up to which a token's logits are the same bits in a 1-token pass and in a
 # verify window (a batch of 4 rows verifying 9-token windows is 36 rows); wider passes (long
@@ -67,6 +70,9 @@ def _load(path: str) -> tuple[bool, str]:
                    ("attention", lib.JaxspecAttention), ("rope", lib.JaxspecRope))
         for name, symbol in symbols:
             jax.ffi.register_ffi_target(_TARGETS[name], jax.ffi.pycapsule(symbol), platform="cpu")
+        cap = isa_from_env()
+        if cap is not None:
+            lib.jaxspec_set_isa(ISAS.index(cap))
         isa = ISAS[lib.jaxspec_matmul_isa()]
         _state["lib"] = lib
     except (OSError, AttributeError, RuntimeError, ValueError, TypeError) as exc:
@@ -92,6 +98,18 @@ def _self_check() -> str | None:
     return None
 
 
+def isa_from_env() -> str | None:
+    """The cap ``JAXSPEC_CPU_ISA`` sets (one of ``ISAS``), or None when it is unset or empty.
+
+    Raises:
+      ValueError: any other value, naming the variable and the values it takes.
+    """
+    v = os.environ.get(ENV_ISA, "").strip().lower()
+    if v and v not in ISAS:
+        raise ValueError(f"{ENV_ISA} must be one of {', '.join(ISAS)} (or unset), got {v!r}")
+    return v or None
+
+
 def mode() -> str:
     """``"on"`` (``JAXSPEC_CPU_KERNEL`` unset or ``1``) or ``"off"`` (``0``).
 
@@ -109,6 +127,7 @@ def enabled(path: str | None = None) -> bool:
     once per process (``path`` overrides ``LIBRARY_PATH`` for that first decision); warns once
     when the switch allows it but the kernel cannot run."""
     if "on" not in _state:
+        isa_from_env()  # a bad value is an error before anything loads
         _state["on"], _state["isa"] = False, None
         if mode() == "off":
             _state["why"] = f"{ENV_SWITCH}=0"
@@ -177,7 +196,8 @@ def describe() -> str:
 
 
 # The kernels' code paths, by what the library's run-time choice returns: the widest the CPU has
-# (``avx512``: AVX-512F; ``avx2``: AVX2 with FMA), unless ``limit_isa`` caps it.
+# (``avx512``: AVX-512F; ``avx2``: AVX2 with FMA), unless ``JAXSPEC_CPU_ISA`` or ``limit_isa``
+# caps it (a cap above what the CPU has changes nothing).
 ISAS = ("portable", "avx2", "avx512")
 
 
