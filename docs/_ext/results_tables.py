@@ -37,6 +37,8 @@ RESULTS = {
     "pass_profile_cpu": ("benchmarks/results/pass_profile_smollm2-135m_cpu_2026-12-07.json", "pass_profile"),
     "pass_profile_bf16_cpu": ("benchmarks/results/pass_profile_smollm2-135m-bfloat16_cpu_2026-12-07.json", "pass_profile"),
     "small_matmul_avx512_cpu": ("benchmarks/results/small_matmul_1536x8960-avx512_cpu_2026-12-07.json", "small_matmul"),
+    "spec_bench_smollm2_heads_avx512": ("benchmarks/results/spec_bench_smollm2-135m-heads-avx512_cpu_2026-12-07.json",
+                                        "spec_bench"),
     "pass_cost_qwen_isas_cpu": ("benchmarks/results/pass_cost_qwen2.5-coder-1.5b_isas_cpu_2026-12-07.json", "pass_cost"),
     "pass_cost_qwen_isas_bf16_cpu": ("benchmarks/results/pass_cost_qwen2.5-coder-1.5b_isas_bf16_cpu_2026-12-07.json",
                                      "pass_cost"),
