@@ -42,10 +42,12 @@ ENV_SWITCH = "JAXSPEC_CPU_KERNEL"
 # Caps the kernels' code path for the process (``ISAS``: ``avx2`` on a CPU whose AVX-512 clocks
 # down, ``portable``); unset: the widest the CPU has.
 ENV_ISA = "JAXSPEC_CPU_ISA"
-# Rows (tokens, flattened over the batch for weight products) up to which a pass takes the
-# kernels, and so up to which a token's logits are the same bits in a 1-token pass and in a
-# verify window (a batch of 4 rows verifying 9-token windows is 36 rows); wider passes (long
-# prefill chunks) take XLA's own ops, which are not row-invariant. The price at the top of the
+# Rows (tokens, flattened over the batch for weight products) one kernel call takes, and so up to
+# which a product over plain matrices takes the kernel and a token's logits are the same bits in a
+# 1-token pass and in a verify window (a batch of 4 rows verifying 9-token windows is 36 rows);
+# wider passes over plain matrices take XLA's own ops, which are not row-invariant (over panels,
+# the decoder's CPU layout, ``linear`` calls the kernel MAX_ROWS rows at a time up to
+# ``linear.CHUNKED_ROWS``). The price at the top of the
 # range, measured at SmolLM2's MLP shape (``python -m benchmarks.bench_small_matmul --k 576
 # --n 1536 --widths 1,16,32,64``, 2-core AMD EPYC): float32 T=32 0.74 ms vs XLA's 0.88, T=64
 # 1.46 vs 1.21; bfloat16 weights T=64 2.11 vs XLA's 1.57.
