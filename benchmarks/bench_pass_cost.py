@@ -119,9 +119,8 @@ def main(argv=None) -> int:
             with cpu_matmul.disabled():
                 return off(*a)
 
-        def avx2_verify(*a):  # `on`'s program with the kernels capped at their AVX2 path, run to its end
-            with cpu_matmul.limit_isa("avx2"):
-                return on(*a).block_until_ready()
+        # `on`'s program with the kernels capped at their AVX2 path, run to its end inside the cap
+        avx2_verify = cpu_matmul.limit_isa("avx2")(lambda *a: on(*a).block_until_ready())
 
         kn = jax.jit(lambda *a: verify_fn(*a), compiler_options=cpu_matmul.compiler_options(jax.default_backend()))
         # plain_head and arrays are other pytrees than params: `kn` traces each apart

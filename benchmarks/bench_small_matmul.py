@@ -84,14 +84,8 @@ def _libraries(args, mats):
                      "kernel_bf16": (jitted(cpu_matmul.matmul_kn, kn16), 2),
                      "kernel_nk_bf16": (jitted(cpu_matmul.matmul_nk, nk16), 2),
                      "kernel_panels": (jitted(panels, pan), 4), "kernel_panels_bf16": (jitted(panels, pan16), 2)})
-        if cpu_matmul.isa() == "avx512":  # the same programs on the kernel's AVX2 path (cpu_matmul.limit_isa)
-            def avx2(run):
-                def capped(x):
-                    with cpu_matmul.limit_isa("avx2"):
-                        return run(x)  # blocks until the result is ready, inside the cap
-                return capped
-
-            runs.update({f"{name}_avx2": (avx2(runs[name][0]), runs[name][1])
+        if cpu_matmul.isa() == "avx512":  # the same programs on the kernel's AVX2 path (each run blocks inside it)
+            runs.update({f"{name}_avx2": (cpu_matmul.limit_isa("avx2")(runs[name][0]), runs[name][1])
                          for name in ("kernel_panels", "kernel_panels_bf16")})
     return runs
 

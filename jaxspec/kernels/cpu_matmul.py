@@ -130,7 +130,7 @@ def enabled(path: str | None = None) -> bool:
     when the switch allows it but the kernel cannot run."""
     if "on" not in _state:
         isa_from_env()  # a bad value is an error before anything loads
-        _state["on"], _state["isa"] = False, None
+        _state["on"] = False
         if mode() == "off":
             _state["why"] = f"{ENV_SWITCH}=0"
             return False
@@ -144,8 +144,6 @@ def enabled(path: str | None = None) -> bool:
             _state["on"], _state["why"] = False, info
             warnings.warn(f"{info}; using XLA's dot on CPU. Reinstall with `pip install -e .` to build it.",
                           RuntimeWarning, stacklevel=2)
-        else:
-            _state["isa"] = info
     return _state["on"]
 
 
@@ -212,9 +210,10 @@ def isa() -> str | None:
 
 @contextlib.contextmanager
 def limit_isa(name: str):
-    """Within this block, the kernels take at most the ``name`` code path (of ``ISAS``): decided
-    at each kernel call, so one compiled program runs both paths, e.g. an A/B of the AVX-512 and
-    AVX2 products in one process. The AVX-512 and AVX2 products are bitwise equal (each output the
+    """Within this block (or a function decorated with it), the kernels take at most the
+    ``name`` code path (of ``ISAS``): decided at each kernel call, so one compiled program runs
+    both paths, e.g. an A/B of the AVX-512 and AVX2 products in one process; results must be
+    waited for inside it (``block_until_ready``): dispatch is asynchronous. The AVX-512 and AVX2 products are bitwise equal (each output the
     same float32 FMA chain); the portable path is not (its products are unfused). Process-wide:
     not for use while another thread runs kernels.
 
